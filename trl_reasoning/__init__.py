@@ -1,0 +1,44 @@
+"""trl-reasoning: DAPO, CISPO, DPPO, MaxRL, RLOO and Dr. GRPO as drop-in TRL trainers.
+
+Swap ``GRPOTrainer``/``GRPOConfig`` for ``DAPOTrainer``/``DAPOConfig`` (or another preset) and keep the rest.
+"""
+
+from .advantages import compute_advantages
+from .aggregation import aggregate_loss, completion_weights
+from .cispo import CISPOConfig, CISPOTrainer
+from .dapo import DAPOConfig, DAPOTrainer
+from .dppo import DPPOConfig, DPPOTrainer
+from .dr_grpo import DrGRPOConfig, DrGRPOTrainer
+from .losses import compute_policy_loss
+from .maxrl import MaxRLConfig, MaxRLTrainer
+from .rewards import RewardFunctionError, overlong_penalty
+from .rloo import RLOOConfig, RLOOTrainer
+from .trainer import ReasoningConfig, ReasoningTrainer, TRLCompatibilityError, warn_if_trl_unsupported
+
+__version__ = "0.1.0"
+
+warn_if_trl_unsupported()
+
+__all__ = [
+    "CISPOConfig",
+    "CISPOTrainer",
+    "DAPOConfig",
+    "DAPOTrainer",
+    "DPPOConfig",
+    "DPPOTrainer",
+    "DrGRPOConfig",
+    "DrGRPOTrainer",
+    "MaxRLConfig",
+    "MaxRLTrainer",
+    "RLOOConfig",
+    "RLOOTrainer",
+    "ReasoningConfig",
+    "ReasoningTrainer",
+    "RewardFunctionError",
+    "TRLCompatibilityError",
+    "aggregate_loss",
+    "compute_advantages",
+    "completion_weights",
+    "compute_policy_loss",
+    "overlong_penalty",
+]

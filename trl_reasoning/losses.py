@@ -1,0 +1,224 @@
+"""Per-token policy objectives. Each returns the per-token loss ``l_it`` (``-objective``) *before* aggregation.
+
+All inputs are ``(B, T)`` tensors over completion tokens except ``advantages`` (``(B,)`` or ``(B, 1)``).
+Padding positions may hold anything: the aggregation multiplies by the mask, and the functions keep padding
+finite. Notation and sources: ``shared/ALGORITHMS.md`` ("Per-token policy objectives").
+
+``rho = pi / pi_old = exp(logps - old_logps)``. ``sg`` is stop-gradient (``.detach()``).
+
+A loss may fill the optional ``stats`` dict with boolean ``(B, T)`` (or ``(B, 1)``) tensors that the trainer
+logs as means over unmasked tokens, under the key as metric name (e.g. ``"clip_ratio/high_mean"``). The returned tensor is always ``(B, T)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ._registry import Registry
+
+PolicyLoss = Callable[..., torch.Tensor]
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+
+#: DPPO divergence name -> default threshold delta (DPPO, arXiv 2602.04879).
+DPPO_DEFAULT_THRESHOLDS = {"binary_tv": 0.15, "binary_kl": 0.05}
+
+
+def _clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None,
+    stats: dict | None,
+) -> torch.Tensor:
+    """``-min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A)``; ``delta`` caps ``rho`` from above (TRL's two-sided clip)."""
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    if stats is not None:
+        stats["clip_ratio/low_mean"] = (ratio < 1 - epsilon_low) & (advantages < 0)
+        stats["clip_ratio/high_mean"] = (ratio > 1 + epsilon_high) & (advantages > 0)
+    if delta is not None:
+        ratio = torch.clamp(ratio, max=delta)
+    return -torch.min(ratio * advantages, clipped * advantages)
+
+
+@POLICY_LOSSES.register("clip")
+def clip_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    delta: float | None = None,
+    stats: dict | None = None,
+) -> torch.Tensor:
+    """PPO/GRPO clipped surrogate per token: ``l = -min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A)``.
+
+    DAPO's clip-higher is ``eps_high = 0.28 > eps_low = 0.2``. ``delta`` (INTELLECT-2, TRL's ``delta``) caps the
+    unclipped ratio from above. Sources: PPO arXiv 1707.06347; GRPO arXiv 2402.03300; DAPO arXiv 2503.14476 (Eq. 10).
+    """
+    ratio = torch.exp(logps - old_logps)
+    return _clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high, delta, stats)
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon_high: float = 5.0,
+    stats: dict | None = None,
+) -> torch.Tensor:
+    """CISPO: ``l = -sg(min(rho, c)) * A * log pi``; every token keeps a gradient, only its weight is capped.
+
+    ``c = epsilon_high`` is an absolute cap on the ratio (TRL's semantics; the paper's ``1 + eps_high^IS``).
+    Source: MiniMax-M1, arXiv 2506.13585 (Eq. 4-5); ``c = 5`` per ScaleRL as TRL documents.
+    """
+    ratio = torch.exp(logps - old_logps)
+    if stats is not None:
+        stats["clip_ratio/high_mean"] = (ratio > epsilon_high) & (advantages > 0)
+    return -torch.clamp(ratio, max=epsilon_high).detach() * advantages * logps
+
+
+def dppo_divergence_mask(
+    logps: torch.Tensor,
+    rollout_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    divergence: str = "binary_tv",
+    threshold: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DPPO's trust-region mask ``M`` and the divergence ``D`` per token (both without gradient).
+
+    ``M = 0`` where the update would push further in the advantage's direction past the trust region:
+    ``(A > 0 and pi > mu and D > delta) or (A < 0 and pi < mu and D > delta)``; else ``M = 1``.
+    ``binary_tv``: ``D = |pi - mu|``. ``binary_kl``: ``D = mu log(mu/pi) + (1-mu) log((1-mu)/(1-pi))``,
+    ``mu`` the rollout probability of the sampled token. Source: DPPO, arXiv 2602.04879.
+    """
+    if divergence not in DPPO_DEFAULT_THRESHOLDS:
+        raise ValueError(
+            f"Unknown dppo_divergence {divergence!r}. Allowed values: {', '.join(DPPO_DEFAULT_THRESHOLDS)}."
+        )
+    delta = DPPO_DEFAULT_THRESHOLDS[divergence] if threshold is None else threshold
+    with torch.no_grad():
+        pi = torch.exp(logps)
+        mu = torch.exp(rollout_logps)
+        if divergence == "binary_tv":
+            div = (pi - mu).abs()
+        else:
+            # Both sides of the Bernoulli (sampled token vs the rest); probabilities are kept inside (0, 1).
+            tiny = torch.finfo(pi.dtype).tiny
+            pi_c = pi.clamp(tiny, 1.0)
+            mu_c = mu.clamp(tiny, 1.0)
+            rest_pi = (1 - pi).clamp(min=tiny)
+            rest_mu = (1 - mu).clamp(min=0.0)
+            div = mu_c * (mu_c.log() - pi_c.log()) + rest_mu * (rest_mu.clamp(min=tiny).log() - rest_pi.log())
+        outside = div > delta
+        blocked = ((advantages > 0) & (pi > mu) & outside) | ((advantages < 0) & (pi < mu) & outside)
+    return (~blocked).to(logps.dtype), div
+
+
+@POLICY_LOSSES.register("dppo")
+def dppo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    rollout_logps: torch.Tensor | None = None,
+    divergence: str = "binary_tv",
+    threshold: float | None = None,
+    is_cap: float = 20.0,
+    stats: dict | None = None,
+) -> torch.Tensor:
+    """DPPO: ``l = -A * sg(min(pi / mu_roll, C)) * M * log pi`` with the divergence mask ``M``.
+
+    ``mu_roll`` is the rollout engine's probability (vLLM's sampling logprobs) or, without one, ``pi_old``
+    (``rollout_logps=None``). Positions where ``rollout_logps`` is ``NaN`` (vLLM could not score them) fall back to
+    ``pi_old``. Source: DPPO, arXiv 2602.04879; ``C = 20``.
+    """
+    if rollout_logps is None:
+        rollout_logps = old_logps
+    else:
+        rollout_logps = torch.where(torch.isnan(rollout_logps), old_logps, rollout_logps)
+    keep, div = dppo_divergence_mask(logps, rollout_logps, advantages, divergence, threshold)
+    weight = torch.clamp(torch.exp(logps - rollout_logps), max=is_cap).detach()
+    if stats is not None:
+        stats["dppo/masked_frac_pos_adv"] = (keep == 0) & (advantages > 0)
+        stats["dppo/masked_frac_neg_adv"] = (keep == 0) & (advantages < 0)
+        stats["dppo/divergence_mean"] = div
+    return -advantages * weight * keep * logps
+
+
+def _sequence_log_ratio_sum(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return ((logps - old_logps) * mask).sum(dim=-1, keepdim=True)
+
+
+@POLICY_LOSSES.register("sequence_clip")
+def sequence_clip_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    stats: dict | None = None,
+) -> torch.Tensor:
+    """Sequence-ratio clip (TRL's ``RLOOTrainer``): ``rho_s = exp(sum_t m_t (log pi - log pi_old))``,
+    ``l_i = -min(rho_s*A, clip(rho_s, 1-eps_low, 1+eps_high)*A)``.
+
+    ``l_i`` is spread evenly over the sequence's unmasked tokens (``l_it = l_i / |y_i|``), so that
+    ``sum_t m_it l_it = l_i``: with the ``seq_mean_token_sum`` aggregation the loss is ``mean_i l_i``, as in TRL.
+    With one update per batch this is REINFORCE leave-one-out. Source: arXiv 2402.14740; TRL ``RLOOTrainer``.
+    """
+    ratio = torch.exp(_sequence_log_ratio_sum(logps, old_logps, mask))
+    per_sequence = _clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high, None, stats)
+    lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1)
+    return (per_sequence / lengths) * mask
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    stats: dict | None = None,
+) -> torch.Tensor:
+    """GSPO: the clipped surrogate with the length-normalized sequence ratio ``s_i = exp(mean_t log rho_it)``.
+
+    The sequence loss is broadcast to every token, so ``seq_mean_token_mean`` gives ``mean_i l_i`` (TRL's
+    ``importance_sampling_level="sequence"`` with ``loss_type="grpo"``). Source: GSPO, arXiv 2507.18071 (Eq. 7).
+    """
+    lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1)
+    ratio = torch.exp(_sequence_log_ratio_sum(logps, old_logps, mask) / lengths)
+    return _clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high, None, stats).expand_as(logps)
+
+
+def compute_policy_loss(
+    name: str,
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    **kwargs,
+) -> torch.Tensor:
+    """Per-token loss ``(B, T)`` of the policy objective registered as ``name``.
+
+    Args:
+        name: a name in ``POLICY_LOSSES`` (``clip``, ``cispo``, ``dppo``, ``sequence_clip``, ``gspo``).
+        logps: ``(B, T)`` log-probabilities of the sampled tokens under the current policy (with gradient).
+        old_logps: ``(B, T)`` the behaviour policy's log-probabilities (no gradient).
+        advantages: ``(B,)`` or ``(B, 1)`` one advantage per completion (or ``(B, T)`` per token).
+        mask: ``(B, T)`` 1 for completion tokens that count in the loss.
+        **kwargs: the loss's own parameters (``epsilon_low``, ``epsilon_high``, ``delta``, ``rollout_logps``,
+            ``divergence``, ``threshold``, ``is_cap``, ``stats``).
+    """
+    fn = POLICY_LOSSES.get(name)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    mask = mask.to(logps.dtype)
+    return fn(logps, old_logps.detach(), advantages, mask, **kwargs)

@@ -1,0 +1,148 @@
+"""Reward shaping and reward-function wrapping.
+
+``overlong_penalty`` is DAPO's soft overlong punishment. ``wrap_reward_function`` makes a reward function's failure
+name the function; ``check_reward_columns`` reports a function whose outputs for a whole batch are unusable.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised, or returned unusable values; the message names the function."""
+
+
+def overlong_penalty(
+    completion_lengths: torch.Tensor, max_completion_length: int, overlong_cache_length: int
+) -> torch.Tensor:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, Eq. 13), added to the task reward.
+
+    With ``L_max = max_completion_length``, ``L_c = overlong_cache_length`` and ``|y|`` in tokens::
+
+        0                               if |y| <= L_max - L_c
+        ((L_max - L_c) - |y|) / L_c     if L_max - L_c < |y| <= L_max
+        -1                              if |y| > L_max
+    """
+    if not 0 < overlong_cache_length <= max_completion_length:
+        raise ValueError(
+            f"overlong_cache_length must be in (0, max_completion_length={max_completion_length}], "
+            f"got {overlong_cache_length}."
+        )
+    lengths = completion_lengths.to(torch.float32)
+    expected = max_completion_length - overlong_cache_length
+    ramp = (expected - lengths) / overlong_cache_length
+    penalty = torch.where(lengths <= expected, torch.zeros_like(lengths), ramp)
+    return torch.where(lengths > max_completion_length, torch.full_like(lengths, -1.0), penalty)
+
+
+def binarize_rewards(rewards: torch.Tensor, threshold: float) -> torch.Tensor:
+    """``1.0`` where ``reward >= threshold``, else ``0.0``; ``NaN`` (unscorable) stays ``NaN``."""
+    return torch.where(torch.isnan(rewards), rewards, (rewards >= threshold).to(rewards.dtype))
+
+
+def non_binary_reward_functions(rewards_per_func: torch.Tensor, names: Sequence[str]) -> list[tuple[str, float]]:
+    """The reward functions (with one offending value each) whose non-``NaN`` outputs are not all 0 or 1."""
+    offenders = []
+    for column, name in zip(rewards_per_func.unbind(dim=1), names, strict=True):
+        values = column[~torch.isnan(column)]
+        bad = values[(values != 0) & (values != 1)]
+        if bad.numel():
+            offenders.append((name, bad[0].item()))
+    return offenders
+
+
+def check_reward_columns(rewards_per_func: torch.Tensor, names: Sequence[str]) -> None:
+    """Report by name a reward function whose outputs for the whole batch are unusable.
+
+    ``rewards_per_func`` is ``(N, n_funcs)``, gathered over processes, ``NaN`` where a function returned ``None``.
+    Raises :class:`RewardFunctionError` if a function returned ``inf``, if the only reward function returned
+    ``None``/``NaN`` for every completion, or if no completion of the batch has any reward. With several functions,
+    one that returns ``None`` for the whole batch is legal in TRL (multi-task routing): it is logged as a warning.
+    """
+    for column, name in zip(rewards_per_func.unbind(dim=1), names, strict=True):
+        if torch.isinf(column).any():
+            index = int(torch.isinf(column).nonzero()[0])
+            raise RewardFunctionError(
+                f"Reward function '{name}' returned {column[index].item()} for completion {index} of the batch; "
+                "rewards must be finite (return None to mark a completion as not scorable)."
+            )
+        if torch.isnan(column).all():
+            message = (
+                f"Reward function '{name}' returned None or NaN for all {column.numel()} completions of the batch."
+            )
+            if len(names) == 1:
+                raise RewardFunctionError(message + " Without a reward there is nothing to learn from.")
+            logger.warning(message + " Other reward functions still score the batch.")
+    if rewards_per_func.numel() and torch.isnan(rewards_per_func).all():
+        raise RewardFunctionError(
+            f"Every reward function ({', '.join(names)}) returned None or NaN for every completion of the batch."
+        )
+
+
+def wrap_reward_function(func: Callable, name: str) -> Callable:
+    """Wrap ``func`` so that an exception raised inside it is re-raised as :class:`RewardFunctionError` naming it.
+
+    The wrapper keeps ``__name__`` (TRL logs rewards under it) and stays a coroutine function when ``func`` is one,
+    so TRL still runs async reward functions concurrently. It also checks the number of returned rewards.
+    """
+
+    def _check(output, kwargs):
+        expected = len(kwargs["completions"]) if "completions" in kwargs else None
+        if output is None or isinstance(output, (str, bytes)) or not hasattr(output, "__len__"):
+            raise RewardFunctionError(
+                f"Reward function '{name}' returned {type(output).__name__}; it must return a list with one float "
+                "(or None) per completion."
+            )
+        if expected is not None and len(output) != expected:
+            raise RewardFunctionError(
+                f"Reward function '{name}' returned {len(output)} rewards for {expected} completions; it must "
+                "return exactly one reward (or None) per completion."
+            )
+        for index, value in enumerate(output):
+            if value is not None and not isinstance(value, (int, float)) and not torch.is_tensor(value):
+                raise RewardFunctionError(
+                    f"Reward function '{name}' returned {value!r} ({type(value).__name__}) for completion {index}; "
+                    "rewards must be numbers or None."
+                )
+        return output
+
+    def _reraise(error: Exception):
+        raise RewardFunctionError(f"Reward function '{name}' raised {type(error).__name__}: {error}") from error
+
+    if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
+
+        @functools.wraps(func)
+        async def async_wrapper(*args, **kwargs):
+            try:
+                output = await func(*args, **kwargs)
+            except RewardFunctionError:
+                raise
+            except Exception as error:  # noqa: BLE001 - re-raised with the function's name
+                _reraise(error)
+            return _check(output, kwargs)
+
+        wrapper = async_wrapper
+    else:
+
+        @functools.wraps(func)
+        def sync_wrapper(*args, **kwargs):
+            try:
+                output = func(*args, **kwargs)
+            except RewardFunctionError:
+                raise
+            except Exception as error:  # noqa: BLE001 - re-raised with the function's name
+                _reraise(error)
+            return _check(output, kwargs)
+
+        wrapper = sync_wrapper
+    wrapper.__name__ = name
+    wrapper.__wrapped_reward_function__ = func
+    return wrapper

@@ -1,0 +1,52 @@
+"""RLOO: REINFORCE leave-one-out with TRL's ``RLOOTrainer`` math on the ``GRPOTrainer`` machinery
+(Ahmadian et al., arXiv 2402.14740).
+
+advantage ``rloo`` · objective ``sequence_clip`` 0.2 · aggregation ``seq_mean_token_sum`` · KL in the reward with
+``beta = 0.05`` · ``num_generations = 2`` (TRL's ``RLOOConfig`` defaults). Unlike TRL's ``RLOOTrainer``, it keeps
+every ``GRPOTrainer`` option: vLLM importance-sampling correction, tools, entropy options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
+
+
+@dataclass
+class RLOOConfig(ReasoningConfig):
+    """[`ReasoningConfig`] with the defaults of TRL's `RLOOConfig`: `advantage_estimator="rloo"`,
+    `policy_loss="sequence_clip"` (`epsilon=0.2`), `loss_aggregation="seq_mean_token_sum"`, `beta=0.05` applied in
+    the reward (`kl_in_reward=True`, k1 estimator `log π_old − log π_ref` summed over the completion),
+    `num_generations=2`.
+
+    Paper: Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs,
+    arXiv 2402.14740.
+    """
+
+    advantage_estimator: str | None = preset_default("advantage_estimator", "rloo")
+    policy_loss: str | None = preset_default("policy_loss", "sequence_clip")
+    loss_aggregation: str | None = preset_default("loss_aggregation", "seq_mean_token_sum")
+    kl_in_reward: bool = preset_default("kl_in_reward", True)
+    beta: float = preset_default("beta", 0.05)
+    num_generations: int | None = preset_default("num_generations", 2)
+
+
+class RLOOTrainer(ReasoningTrainer):
+    """RLOO on TRL's GRPO machinery; takes `GRPOTrainer`'s arguments with an [`RLOOConfig`]."""
+
+    config_class = RLOOConfig
+    _tag_names = ["trl", "trl-reasoning", "rloo"]
+    _name = "RLOO"
+    _paper = {
+        "title": "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs",
+        "id": "2402.14740",
+        "citation": bibtex(
+            "ahmadian2024back",
+            "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs",
+            "Arash Ahmadian and Chris Cremer and Matthias Gall{\\'e} and Marzieh Fadaee and Julia Kreutzer and "
+            'Olivier Pietquin and Ahmet {\\"U}st{\\"u}n and Sara Hooker',
+            2024,
+            "2402.14740",
+        ),
+    }

@@ -1,0 +1,754 @@
+"""The seam between trl-reasoning's math and TRL: ``ReasoningConfig`` and ``ReasoningTrainer``.
+
+This is the only module that overrides TRL's private methods. All of them are listed in ``TRL_PRIVATE_API`` with
+the parameter names checked against ``TRL_CHECKED_VERSION``; ``check_trl_private_api`` (run when a trainer is built
+and by a test) fails loudly, naming the method, when an installed TRL no longer matches.
+
+How a step works, on top of TRL's ``GRPOTrainer``:
+
+1. ``_calculate_rewards`` (TRL's, wrapped): the gathered ``(N, n_funcs)`` rewards are checked by function name and
+   kept, together with every completion's length, for step 2.
+2. ``_generate_and_score_completions`` (TRL's, then post-processed): the combined reward gets the configured
+   shaping (DAPO overlong penalty, RLOO's KL penalty), ``advantage_estimator`` turns it into advantages on the whole
+   gathered batch, and ``loss_aggregation`` gives each completion a weight ``w_i`` fixed on that batch
+   (``loss_weights``), which travels with the row through TRL's shuffle and split.
+3. ``_compute_loss``: ``policy_loss`` gives the per-token loss, TRL's options act on it as in TRL (off-policy mask,
+   entropy mask, vLLM importance-sampling correction, ``beta`` KL, entropy bonus, MoE aux loss), and the micro-batch
+   loss is ``sum_i w_i sum_t l_it m_it``, scaled so that gradient accumulation and DDP averaging sum to the loss of
+   the whole batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from packaging.version import Version
+from trl import GRPOConfig, GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
+
+from .advantages import ADVANTAGE_ESTIMATORS, GROUP_RELATIVE_ESTIMATORS, compute_advantages
+from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
+from .losses import DPPO_DEFAULT_THRESHOLDS, POLICY_LOSSES, compute_policy_loss
+from .rewards import (
+    RewardFunctionError,
+    check_reward_columns,
+    non_binary_reward_functions,
+    overlong_penalty,
+    wrap_reward_function,
+)
+
+logger = logging.getLogger(__name__)
+
+#: The TRL releases this package is tested against (also pinned in pyproject.toml).
+SUPPORTED_TRL = (Version("1.16.0"), Version("1.17.0"))
+TRL_CHECKED_VERSION = "1.16.0"
+
+#: Every private (or semi-private) ``GRPOTrainer`` method this module overrides or calls, with the leading
+#: parameter names (after ``self``) it relies on. Checked against TRL 1.16.0.
+TRL_PRIVATE_API: dict[str, tuple[str, ...]] = {
+    # overridden here
+    "_calculate_rewards": ("inputs", "prompts", "completions", "completion_ids_list"),
+    "_generate_and_score_completions": ("inputs",),
+    "_compute_loss": ("model", "inputs"),
+    # called from the overrides
+    "_get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"),
+    "get_high_entropy_mask": ("entropies", "mask", "threshold"),
+    "get_off_policy_mask": ("advantages", "per_token_logps", "sampling_per_token_logps", "mask"),
+}
+
+#: ``GRPOTrainer`` instance attributes read by the overrides (set in TRL's ``__init__``).
+TRL_INSTANCE_ATTRIBUTES = (
+    "_metrics",
+    "_logs",
+    "beta",
+    "num_generations",
+    "num_generations_eval",
+    "max_completion_length",
+    "epsilon_low",
+    "epsilon_high",
+    "use_vllm",
+    "vllm_importance_sampling_correction",
+    "off_policy_mask_threshold",
+    "top_entropy_quantile",
+    "use_adaptive_entropy",
+    "entropy_coef",
+    "_entropy_bonus_enabled",
+    "_last_world_entropy",
+    "_entropy_window_stats",
+    "aux_loss_enabled",
+    "router_aux_loss_coef",
+    "reward_funcs",
+    "reward_func_names",
+    "reward_weights",
+)
+
+
+class TRLCompatibilityError(RuntimeError):
+    """The installed TRL no longer has a private method or attribute that trl-reasoning relies on."""
+
+
+def check_trl_private_api(trainer_class: type = GRPOTrainer) -> None:
+    """Raise :class:`TRLCompatibilityError` naming every entry of ``TRL_PRIVATE_API`` that ``trainer_class`` lacks or
+    whose leading parameters changed."""
+    import trl
+
+    problems = []
+    for name, expected in TRL_PRIVATE_API.items():
+        method = getattr(trainer_class, name, None)
+        if method is None:
+            problems.append(f"{trainer_class.__name__}.{name} no longer exists")
+            continue
+        params = [p for p in inspect.signature(method).parameters if p != "self"]
+        if tuple(params[: len(expected)]) != expected:
+            problems.append(
+                f"{trainer_class.__name__}.{name} takes ({', '.join(params)}), expected it to start with "
+                f"({', '.join(expected)})"
+            )
+    if problems:
+        raise TRLCompatibilityError(
+            f"trl-reasoning was checked against TRL {TRL_CHECKED_VERSION}, but the installed TRL {trl.__version__} "
+            "changed private methods it overrides or calls:\n  - " + "\n  - ".join(problems) + "\nInstall a "
+            f"supported TRL: pip install 'trl>={SUPPORTED_TRL[0]},<{SUPPORTED_TRL[1]}'."
+        )
+
+
+def warn_if_trl_unsupported() -> None:
+    import trl
+
+    version = Version(trl.__version__)
+    if not SUPPORTED_TRL[0] <= version < SUPPORTED_TRL[1]:
+        warnings.warn(
+            f"trl-reasoning supports trl>={SUPPORTED_TRL[0]},<{SUPPORTED_TRL[1]}, but trl {version} is installed. "
+            f"Install a supported version: pip install 'trl>={SUPPORTED_TRL[0]},<{SUPPORTED_TRL[1]}'.",
+            stacklevel=2,
+        )
+
+
+# TRL's `loss_type` = (objective, aggregation). `importance_sampling_level="sequence"` turns "grpo" into GSPO.
+_TRL_LOSS_TYPES = {
+    "grpo": ("clip", "seq_mean_token_mean"),
+    "dapo": ("clip", "token_mean"),
+    "dr_grpo": ("clip", "seq_mean_token_sum_norm"),
+    "cispo": ("cispo", "token_mean"),
+}
+_UNSUPPORTED_TRL_LOSS_TYPES = {
+    "bnpo": "it normalizes by the tokens of each local micro-batch, so its gradient depends on how the batch is "
+    "split; loss_type='dapo' (loss_aggregation='token_mean') normalizes by the tokens of the whole batch",
+    "sapo": "trl-reasoning has no SAPO objective; use trl.GRPOTrainer",
+    "luspo": "trl-reasoning has no LUSPO objective; use trl.GRPOTrainer",
+    "vespo": "trl-reasoning has no VESPO objective; use trl.GRPOTrainer",
+}
+# TRL's `scale_rewards` <-> advantage estimator.
+_SCALE_REWARDS_TO_ESTIMATOR = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}
+_ESTIMATOR_TO_SCALE_REWARDS = {"grpo": "group", "batch": "batch", "dr_grpo": "none", "rloo": "none", "maxrl": "none"}
+_OVERLONG_AUTO_FRACTION = 0.2  # DAPO: L_cache = 4096 of L_max = 20480
+
+
+@dataclass
+class ReasoningConfig(GRPOConfig):
+    r"""
+    Configuration for [`ReasoningTrainer`] and every trl-reasoning preset: all of [`~trl.GRPOConfig`], plus the
+    fields below that pick the algorithm's pieces by name. TRL's own fields keep their TRL meaning: a value that
+    trl-reasoning cannot honour is rejected here, at construction, with a message naming the field.
+
+    Parameters:
+        > Parameters that choose the algorithm
+
+        advantage_estimator (`str` or `None`, *optional*, defaults to `None`):
+            One of `"grpo"`, `"dr_grpo"`, `"rloo"`, `"maxrl"`, `"batch"` (see `trl_reasoning.advantages`). `None`
+            derives it from TRL's `scale_rewards` (`"group"` → `"grpo"`, `"batch"` → `"batch"`, `"none"` →
+            `"dr_grpo"`); when both are set they must agree.
+        policy_loss (`str` or `None`, *optional*, defaults to `None`):
+            One of `"clip"`, `"cispo"`, `"dppo"`, `"sequence_clip"`, `"gspo"` (see `trl_reasoning.losses`).
+        loss_aggregation (`str` or `None`, *optional*, defaults to `None`):
+            One of `"token_mean"`, `"seq_mean_token_mean"`, `"seq_mean_token_sum_norm"`, `"seq_mean_token_sum"`,
+            `"prompt_mean"` (see `trl_reasoning.aggregation`). With `policy_loss`, `None` derives both from TRL's
+            `loss_type` (`"dapo"` when that is unset too); when both are set they must agree.
+        loss_type (`str` or `None`, *optional*, defaults to `None`):
+            TRL's loss name, accepted for drop-in compatibility: `"grpo"`, `"dapo"`, `"dr_grpo"`, `"cispo"`. After
+            construction it holds the TRL name equivalent to `policy_loss` + `loss_aggregation`, or `None` if TRL
+            has no equivalent (e.g. DPPO).
+        scale_rewards (`str` or `None`, *optional*, defaults to `None`):
+            TRL's reward scaling, accepted for drop-in compatibility (`"group"`, `"batch"`, `"none"`, or a bool).
+            After construction it holds the value equivalent to `advantage_estimator`.
+        kl_in_reward (`bool`, *optional*, defaults to `False`):
+            Apply `beta` as a KL penalty in the reward (`r ← r − beta · Σ_t (log π_old − log π_ref)`, no gradient),
+            as TRL's `RLOOTrainer` does, instead of TRL GRPO's per-token `beta · k3` term in the loss.
+
+        > Parameters of reward shaping
+
+        overlong_cache_length (`int`, `str` or `None`, *optional*, defaults to `None`):
+            DAPO's soft overlong punishment: completions longer than `max_completion_length − overlong_cache_length`
+            tokens get a penalty falling linearly to −1 at `max_completion_length`. `None` turns it off; `"auto"` uses
+            20% of `max_completion_length` (the DAPO paper's 4096 of 20480).
+
+        > Parameters of DPPO
+
+        dppo_divergence (`str`, *optional*, defaults to `"binary_tv"`):
+            The divergence of DPPO's trust-region mask: `"binary_tv"` or `"binary_kl"`.
+        dppo_threshold (`float` or `None`, *optional*, defaults to `None`):
+            The mask's threshold δ; `None` takes the paper's default for the divergence (0.15 TV, 0.05 KL).
+        dppo_is_cap (`float`, *optional*, defaults to `20.0`):
+            Cap `C` on DPPO's importance ratio `π / μ_rollout`.
+
+        > Parameters of MaxRL
+
+        maxrl_reward_threshold (`float` or `None`, *optional*, defaults to `None`):
+            MaxRL needs binary rewards. With a threshold, a reward `≥` threshold counts as a success (1), otherwise a
+            failure (0). Without one, non-binary rewards raise an error naming the reward function.
+    """
+
+    advantage_estimator: str | None = field(
+        default=None,
+        metadata={
+            "help": "Advantage estimator: 'grpo', 'dr_grpo', 'rloo', 'maxrl' or 'batch'. None derives it from "
+            "`scale_rewards`.",
+        },
+    )
+    policy_loss: str | None = field(
+        default=None,
+        metadata={
+            "help": "Per-token policy objective: 'clip', 'cispo', 'dppo', 'sequence_clip' or 'gspo'. None derives "
+            "it from `loss_type`.",
+        },
+    )
+    loss_aggregation: str | None = field(
+        default=None,
+        metadata={
+            "help": "Loss aggregation: 'token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum_norm', "
+            "'seq_mean_token_sum' or 'prompt_mean'. None derives it from `loss_type`.",
+        },
+    )
+    loss_type: str | None = field(
+        default=None,
+        metadata={
+            "help": "TRL's loss name ('grpo', 'dapo', 'dr_grpo', 'cispo'), accepted for drop-in compatibility; "
+            "must agree with `policy_loss`/`loss_aggregation` when those are set.",
+        },
+    )
+    scale_rewards: str | None = field(
+        default=None,
+        metadata={
+            "help": "TRL's reward scaling ('group', 'batch', 'none'), accepted for drop-in compatibility; must agree "
+            "with `advantage_estimator` when that is set.",
+        },
+    )
+    kl_in_reward: bool = field(
+        default=False,
+        metadata={
+            "help": "Apply `beta` as a sequence-level KL penalty in the reward (TRL's RLOO) instead of the loss."
+        },
+    )
+    overlong_cache_length: int | str | None = field(
+        default=None,
+        metadata={
+            "help": "DAPO overlong shaping: the length of the penalty ramp before max_completion_length, in tokens. "
+            "None = off; 'auto' = 20% of max_completion_length.",
+        },
+    )
+    dppo_divergence: str = field(
+        default="binary_tv",
+        metadata={"help": "DPPO divergence: 'binary_tv' or 'binary_kl'."},
+    )
+    dppo_threshold: float | None = field(
+        default=None,
+        metadata={"help": "DPPO trust-region threshold; None = paper default (0.15 for TV, 0.05 for KL)."},
+    )
+    dppo_is_cap: float = field(
+        default=20.0,
+        metadata={"help": "Cap C on DPPO's importance ratio pi / mu_rollout."},
+    )
+    maxrl_reward_threshold: float | None = field(
+        default=None,
+        metadata={"help": "MaxRL: rewards >= this threshold count as successes. None = rewards must be 0/1."},
+    )
+
+    def __post_init__(self):
+        self._resolve_loss()
+        self._resolve_advantage_estimator()
+        self._validate_reasoning_fields()
+        super().__post_init__()
+
+    def _resolve_loss(self) -> None:
+        sequence_level = self.importance_sampling_level == "sequence"
+        if self.loss_type is not None:
+            if self.loss_type in _UNSUPPORTED_TRL_LOSS_TYPES:
+                raise ValueError(
+                    f"loss_type={self.loss_type!r} is not supported: {_UNSUPPORTED_TRL_LOSS_TYPES[self.loss_type]}. "
+                    f"Allowed values: {', '.join(_TRL_LOSS_TYPES)}, or None with policy_loss and loss_aggregation."
+                )
+            if self.loss_type not in _TRL_LOSS_TYPES:
+                raise ValueError(
+                    f"Unknown loss_type {self.loss_type!r}. Allowed values: {', '.join(_TRL_LOSS_TYPES)}, or None."
+                )
+            implied_loss, implied_aggregation = _TRL_LOSS_TYPES[self.loss_type]
+            if sequence_level and self.loss_type == "grpo":
+                implied_loss = "gspo"
+            for name, value, implied in (
+                ("policy_loss", self.policy_loss, implied_loss),
+                ("loss_aggregation", self.loss_aggregation, implied_aggregation),
+            ):
+                if value is not None and value != implied:
+                    raise ValueError(
+                        f"{name}={value!r} conflicts with loss_type={self.loss_type!r}, which means "
+                        f"policy_loss={implied_loss!r} and loss_aggregation={implied_aggregation!r} in TRL. Set "
+                        f"loss_type=None to use {name}={value!r}, or drop {name}."
+                    )
+            self.policy_loss, self.loss_aggregation = implied_loss, implied_aggregation
+        else:
+            if self.policy_loss is None:
+                self.policy_loss = "gspo" if sequence_level else "clip"
+            if self.loss_aggregation is None:
+                self.loss_aggregation = "seq_mean_token_mean" if self.policy_loss == "gspo" else "token_mean"
+        POLICY_LOSSES.get(self.policy_loss)  # raises on an unknown name, listing the allowed ones
+        AGGREGATIONS.get(self.loss_aggregation)
+        if self.policy_loss == "gspo":
+            self.importance_sampling_level = "sequence"  # GSPO's ratio is the sequence ratio by definition
+        elif sequence_level:
+            raise ValueError(
+                f"importance_sampling_level='sequence' is honoured by policy_loss='gspo' only (TRL's loss_type='grpo' "
+                f"with a sequence-level ratio), not by policy_loss={self.policy_loss!r}. Use policy_loss='gspo' or "
+                "importance_sampling_level='token'."
+            )
+        self.loss_type = next(
+            (
+                name
+                for name, pair in _TRL_LOSS_TYPES.items()
+                if pair == (self.policy_loss if self.policy_loss != "gspo" else "clip", self.loss_aggregation)
+                and (self.policy_loss != "gspo" or name == "grpo")
+            ),
+            None,
+        )
+
+    def _resolve_advantage_estimator(self) -> None:
+        scale = self.scale_rewards
+        if isinstance(scale, bool):
+            scale = "group" if scale else "none"
+        if scale is not None and scale not in _SCALE_REWARDS_TO_ESTIMATOR:
+            raise ValueError(
+                f"Unknown scale_rewards {self.scale_rewards!r}. Allowed values: "
+                f"{', '.join(_SCALE_REWARDS_TO_ESTIMATOR)}, True, False or None."
+            )
+        if self.advantage_estimator is None:
+            self.advantage_estimator = _SCALE_REWARDS_TO_ESTIMATOR[scale or "group"]
+        ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
+        implied = _ESTIMATOR_TO_SCALE_REWARDS.get(self.advantage_estimator, "none")
+        if scale is not None and scale != implied:
+            raise ValueError(
+                f"scale_rewards={self.scale_rewards!r} conflicts with advantage_estimator="
+                f"{self.advantage_estimator!r}, whose scaling is TRL's scale_rewards={implied!r}. Drop scale_rewards, "
+                f"or choose the estimator that matches it ({_SCALE_REWARDS_TO_ESTIMATOR[scale]!r})."
+            )
+        self.scale_rewards = implied
+
+    def _validate_reasoning_fields(self) -> None:
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                f"multi_objective_aggregation={self.multi_objective_aggregation!r} is not supported: trl-reasoning's "
+                "estimators act on one combined reward per completion. Allowed value: 'sum_then_normalize'."
+            )
+        if self.advantage_estimator in GROUP_RELATIVE_ESTIMATORS and (self.num_generations or 0) < 2:
+            raise ValueError(
+                f"num_generations={self.num_generations} is too small: advantage_estimator="
+                f"{self.advantage_estimator!r} compares each completion with the others of its prompt's group, so "
+                "num_generations must be >= 2."
+            )
+        if self.epsilon < 0:
+            raise ValueError(f"epsilon must be >= 0, got {self.epsilon}.")
+        if self.epsilon_high is not None and self.epsilon_high <= 0:
+            raise ValueError(f"epsilon_high must be > 0 (or None to use epsilon), got {self.epsilon_high}.")
+        if self.delta is not None and self.policy_loss != "clip":
+            raise ValueError(
+                f"delta={self.delta} (two-sided clipping) applies to policy_loss='clip' only, not "
+                f"{self.policy_loss!r}. Set delta=None."
+            )
+        if self.dppo_divergence not in DPPO_DEFAULT_THRESHOLDS:
+            raise ValueError(
+                f"Unknown dppo_divergence {self.dppo_divergence!r}. Allowed values: "
+                f"{', '.join(DPPO_DEFAULT_THRESHOLDS)}."
+            )
+        if self.dppo_threshold is not None and self.dppo_threshold < 0:
+            raise ValueError(
+                f"dppo_threshold must be >= 0 (or None for the paper default), got {self.dppo_threshold}."
+            )
+        if self.dppo_is_cap <= 0:
+            raise ValueError(f"dppo_is_cap must be > 0, got {self.dppo_is_cap}.")
+        if self.maxrl_reward_threshold is not None and self.maxrl_reward_threshold < 0:
+            raise ValueError(f"maxrl_reward_threshold must be >= 0 (or None), got {self.maxrl_reward_threshold}.")
+        self._resolve_overlong_cache_length()
+        if self.advantage_estimator == "maxrl" and self.maxrl_reward_threshold is None:
+            for name, on in (
+                ("overlong_cache_length", self.overlong_cache_length is not None),
+                ("kl_in_reward", self.kl_in_reward and self.beta != 0.0),
+            ):
+                if on:
+                    raise ValueError(
+                        f"{name} shapes the reward, but advantage_estimator='maxrl' needs binary rewards. Turn "
+                        f"{name} off, or set maxrl_reward_threshold to binarize the shaped reward."
+                    )
+
+    def _resolve_overlong_cache_length(self) -> None:
+        value = self.overlong_cache_length
+        if value is None:
+            return
+        if isinstance(value, str):
+            if value.lower() in ("none", "null"):
+                self.overlong_cache_length = None
+                return
+            if value == "auto":
+                if not self.max_completion_length:
+                    raise ValueError("overlong_cache_length='auto' needs max_completion_length to be set.")
+                value = max(1, round(_OVERLONG_AUTO_FRACTION * self.max_completion_length))
+            elif value.strip().isdigit():
+                value = int(value)
+            else:
+                raise ValueError(
+                    f"overlong_cache_length must be a positive int, 'auto' or None, got {self.overlong_cache_length!r}."
+                )
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"overlong_cache_length must be a positive int, 'auto' or None, got {value!r}.")
+        if self.max_completion_length is None or value > self.max_completion_length:
+            raise ValueError(
+                f"overlong_cache_length={value} must not exceed max_completion_length={self.max_completion_length}."
+            )
+        self.overlong_cache_length = value
+
+
+# Per-row multimodal/auxiliary inputs that TRL forwards to the model in the loss.
+_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+class ReasoningTrainer(GRPOTrainer):
+    """A [`~trl.GRPOTrainer`] whose advantage estimator, policy objective, loss aggregation and reward shaping are
+    chosen by name in a [`ReasoningConfig`]. Takes exactly `GRPOTrainer`'s arguments.
+
+    Subclasses (the presets) set ``config_class`` to their config dataclass; passing a config of another class
+    raises a ``TypeError``.
+    """
+
+    config_class: type[ReasoningConfig] = ReasoningConfig
+    _tag_names = ["trl", "trl-reasoning"]
+    _name = "trl-reasoning"
+
+    def __init__(self, model, reward_funcs, args: ReasoningConfig | None = None, *more, **kwargs):
+        check_trl_private_api()
+        if args is None:
+            name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
+            args = self.config_class(output_dir=f"{str(name).rstrip('/').split('/')[-1] or 'model'}-{self._name}")
+        if not isinstance(args, self.config_class):
+            raise TypeError(
+                f"{type(self).__name__} needs a {self.config_class.__name__} as `args`, got "
+                f"{type(args).__name__}. Build it with the same arguments: {self.config_class.__name__}(...)."
+            )
+        super().__init__(model, reward_funcs, args, *more, **kwargs)
+        missing = [name for name in TRL_INSTANCE_ATTRIBUTES if not hasattr(self, name)]
+        if missing:
+            raise TRLCompatibilityError(
+                f"The installed TRL's GRPOTrainer no longer sets {', '.join(missing)}, which trl-reasoning reads "
+                f"(checked against TRL {TRL_CHECKED_VERSION})."
+            )
+        self.reward_funcs = [
+            func if isinstance(func, torch.nn.Module) else wrap_reward_function(func, name)
+            for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
+        ]
+        self._scored_batch: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------ TRL private override 1 of 3
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        check_reward_columns(rewards_per_func, self.reward_func_names)
+        device = rewards_per_func.device
+        lengths = torch.tensor([len(ids) for ids in completion_ids_list], dtype=torch.float32, device=device)
+        self._scored_batch = (rewards_per_func, self.accelerator.gather(lengths))
+        return rewards_per_func
+
+    # ------------------------------------------------------------------ TRL private override 2 of 3
+    def _generate_and_score_completions(self, inputs):
+        self._scored_batch = None
+        output = super()._generate_and_score_completions(inputs)
+        if self._scored_batch is None:
+            raise TRLCompatibilityError(
+                "GRPOTrainer._generate_and_score_completions no longer calls _calculate_rewards; trl-reasoning "
+                f"cannot see the rewards (checked against TRL {TRL_CHECKED_VERSION})."
+            )
+        rewards_per_func, lengths = self._scored_batch
+        self._scored_batch = None
+        mode = "train" if self.model.training else "eval"
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        local_size = output["advantages"].shape[0]
+        local_rows = slice(
+            self.accelerator.process_index * local_size, (self.accelerator.process_index + 1) * local_size
+        )
+
+        rewards = self._shaped_rewards(rewards_per_func, lengths, output, mode)
+        estimator_kwargs = {}
+        if self.args.advantage_estimator == "maxrl":
+            estimator_kwargs["reward_threshold"] = self.args.maxrl_reward_threshold
+        advantages = compute_advantages(rewards, num_generations, self.args.advantage_estimator, **estimator_kwargs)
+        output["advantages"] = advantages[local_rows]
+
+        loss_mask = (
+            output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
+        )
+        token_counts = self.accelerator.gather(loss_mask.sum(dim=1).float())
+        weights = completion_weights(
+            token_counts, self.args.loss_aggregation, num_generations, self.args.max_completion_length
+        )
+        output["loss_weights"] = weights[local_rows]
+
+        # TRL logged its own advantages for the completions table; log the ones this trainer trains on.
+        logged = self._logs["advantages"]
+        for _ in range(min(len(logged), advantages.numel())):
+            logged.pop()
+        logged.extend(advantages.tolist())
+        self._metrics[mode]["advantages/mean"].append(advantages.mean().item())
+        self._metrics[mode]["advantages/abs_mean"].append(advantages.abs().mean().item())
+        return output
+
+    def _shaped_rewards(self, rewards_per_func, lengths, output, mode) -> torch.Tensor:
+        """The combined reward of every completion of the gathered batch (``NaN`` = unscorable), with the
+        configured shaping (MaxRL binary check, DAPO overlong penalty, RLOO KL penalty)."""
+        args = self.args
+        weights = self.reward_weights.to(rewards_per_func.device)
+        unscorable = torch.isnan(rewards_per_func).all(dim=1)
+        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+
+        if args.advantage_estimator == "maxrl" and args.maxrl_reward_threshold is None:
+            offenders = non_binary_reward_functions(rewards_per_func, self.reward_func_names)
+            if offenders:
+                raise RewardFunctionError(
+                    "MaxRL needs binary rewards (0 or 1), but "
+                    + "; ".join(f"reward function '{name}' returned {value}" for name, value in offenders)
+                    + ". Set maxrl_reward_threshold to binarize them (reward >= threshold counts as a success)."
+                )
+            scored = rewards[~unscorable]
+            if not bool(((scored == 0) | (scored == 1)).all()):
+                raise RewardFunctionError(
+                    "MaxRL needs binary rewards, but the weighted sum of the reward functions "
+                    f"({', '.join(self.reward_func_names)}; reward_weights={weights.tolist()}) is not 0 or 1. Use one "
+                    "binary reward function, or set maxrl_reward_threshold."
+                )
+
+        if args.overlong_cache_length is not None:
+            penalty = overlong_penalty(lengths, args.max_completion_length, args.overlong_cache_length)
+            rewards = rewards + penalty.to(rewards.dtype)
+            self._metrics[mode]["overlong/penalty_mean"].append(penalty.mean().item())
+            self._metrics[mode]["overlong/frac_penalized"].append((penalty < 0).float().mean().item())
+
+        if args.kl_in_reward and self.beta != 0.0:
+            old = output.get("old_per_token_logps")
+            if old is None:
+                old = self._behaviour_logps(output)
+                output["old_per_token_logps"] = old
+            # k1 estimate, summed over the sequence, without gradient (TRL's RLOOTrainer).
+            kl = ((old - output["ref_per_token_logps"]) * output["completion_mask"]).sum(dim=1)
+            kl = self.accelerator.gather(kl)
+            rewards = rewards - self.beta * kl
+            self._metrics[mode]["kl"].append(
+                (
+                    kl.sum() / self.accelerator.gather(output["completion_mask"].sum(dim=1).float()).sum().clamp(min=1)
+                ).item()
+            )
+        self._metrics[mode]["reward_shaped/mean"].append(torch.nanmean(rewards).item())
+        return rewards
+
+    @torch.no_grad()
+    def _behaviour_logps(self, output) -> torch.Tensor:
+        """Log-probabilities of the sampled tokens under the policy that generated them (the model now)."""
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        forward_kwargs = {key: output[key] for key in _FORWARD_KEYS if key in output}
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model,
+                input_ids,
+                attention_mask,
+                output["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size
+                if self.model.training
+                else self.args.per_device_eval_batch_size,
+                **forward_kwargs,
+            )
+        return logps
+
+    # ------------------------------------------------------------------ TRL private override 3 of 3
+    def _compute_loss(self, model, inputs):
+        args = self.args
+        mode = "train" if self.model.training else "eval"
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            completion_ids.size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in _FORWARD_KEYS},
+        )
+        entropy_mask = (
+            self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+            if self.top_entropy_quantile < 1.0
+            else None
+        )
+        advantages = inputs["advantages"]
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(1)
+        old_per_token_logps = inputs.get("old_per_token_logps")
+        if old_per_token_logps is None:  # on-policy: TRL skips the extra forward, the ratio is 1 with a gradient
+            old_per_token_logps = per_token_logps.detach()
+
+        stats: dict[str, torch.Tensor] = {}
+        per_token_loss = compute_policy_loss(
+            args.policy_loss,
+            per_token_logps,
+            old_per_token_logps,
+            advantages,
+            mask,
+            stats=stats,
+            **self._policy_loss_kwargs(inputs),
+        )
+        if self.off_policy_mask_threshold is not None:
+            per_token_loss = per_token_loss * self.get_off_policy_mask(
+                advantages=advantages,
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+        if entropy_mask is not None:
+            per_token_loss = per_token_loss * entropy_mask
+        # DPPO's own ratio is already taken against the rollout engine's probabilities: correcting again would
+        # count the vLLM mismatch twice.
+        if self.use_vllm and self.vllm_importance_sampling_correction and args.policy_loss != "dppo":
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+
+        kl_in_loss = self.beta != 0.0 and not args.kl_in_reward
+        if kl_in_loss:
+            log_ref_ratio = inputs["ref_per_token_logps"] - per_token_logps
+            per_token_kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1  # k3, TRL's estimator
+            if args.use_bias_correction_kl:
+                log_ratio = per_token_logps - old_per_token_logps
+                if args.importance_sampling_level == "sequence":
+                    log_ratio = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+                per_token_kl = per_token_kl * torch.exp(log_ratio)
+            per_token_loss = per_token_loss + self.beta * per_token_kl
+
+        # w_i were fixed on the whole generation batch. Gradient accumulation sums micro-batch gradients and DDP
+        # averages over processes, so the factor makes one optimizer step follow the gradient of that batch's loss
+        # (scaled by steps_per_generation / GA when one generation batch feeds several optimizer steps, as TRL does).
+        scale = float(self.accelerator.num_processes)
+        if mode == "train":
+            scale *= args.steps_per_generation / self.current_gradient_accumulation_steps
+        loss = aggregate_loss(per_token_loss, mask, weights=inputs["loss_weights"]) * scale
+        policy_loss = loss.detach()
+
+        if self._entropy_bonus_enabled:
+            loss = loss - self._entropy_bonus(entropies, mask if entropy_mask is None else mask * entropy_mask, mode)
+        if self.aux_loss_enabled:
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather(aux_loss.detach()).mean().item())
+
+        self._log_loss_metrics(mode, mask, entropies, stats, policy_loss, per_token_kl if kl_in_loss else None)
+        return loss
+
+    def _policy_loss_kwargs(self, inputs) -> dict[str, Any]:
+        """The config values and inputs the chosen policy loss takes (matched by parameter name)."""
+        args = self.args
+        available = {
+            "epsilon_low": self.epsilon_low,
+            "epsilon_high": self.epsilon_high,
+            "delta": args.delta,
+            "rollout_logps": inputs.get("sampling_per_token_logps"),
+            "divergence": args.dppo_divergence,
+            "threshold": args.dppo_threshold,
+            "is_cap": args.dppo_is_cap,
+        }
+        accepted = inspect.signature(POLICY_LOSSES.get(args.policy_loss)).parameters
+        return {name: value for name, value in available.items() if name in accepted}
+
+    def _entropy_bonus(self, entropies, effective_mask, mode) -> torch.Tensor:
+        """TRL's entropy bonus ``coef * H`` (static or adaptive coefficient), H the micro-batch's mean entropy."""
+        args = self.args
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        mean_entropy = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
+        coef = self.entropy_coef
+        if self.use_adaptive_entropy and self._last_world_entropy > args.entropy_target:
+            coef = 0.0
+        if self.use_adaptive_entropy and mode == "train":
+            window = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
+            self._entropy_window_stats = (
+                window if self._entropy_window_stats is None else self._entropy_window_stats + window
+            )
+            if self.accelerator.sync_gradients:
+                totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                self._last_world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
+                step = (
+                    args.entropy_coef_delta
+                    if self._last_world_entropy <= args.entropy_target
+                    else -args.entropy_coef_delta
+                )
+                self.entropy_coef = min(max(self.entropy_coef + step, args.entropy_coef_min), args.entropy_coef_max)
+                self._entropy_window_stats = None
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        return coef * mean_entropy
+
+    def _log_loss_metrics(self, mode, mask, entropies, stats, policy_loss, per_token_kl) -> None:
+        """Metrics of one micro-batch, reduced over processes (every rank makes the same calls in the same order)."""
+
+        def global_masked_mean(values: torch.Tensor) -> float:
+            if values.shape[-1] == 1 and mask.shape[-1] != 1:  # one value per sequence
+                local = torch.stack([values.float().sum(), torch.tensor(float(values.shape[0]), device=values.device)])
+            else:
+                local = torch.stack([(values.float() * mask).sum(), mask.sum().float()])
+            totals = self.accelerator.reduce(local, reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+        metrics = self._metrics[mode]
+        metrics["entropy"].append(global_masked_mean(entropies))
+        if per_token_kl is not None:
+            metrics["kl"].append(global_masked_mean(per_token_kl))
+        for key in sorted(stats):
+            metrics[key].append(global_masked_mean(stats[key]))
+        if "clip_ratio/low_mean" in stats and "clip_ratio/high_mean" in stats:
+            metrics["clip_ratio/region_mean"].append(
+                global_masked_mean(stats["clip_ratio/low_mean"] | stats["clip_ratio/high_mean"])
+            )
+        gathered = self.accelerator.gather(policy_loss.reshape(1))
+        metrics["policy_loss"].append(gathered.mean().item())
+
+
+def preset_default(name: str, value: Any):
+    """A dataclass field that re-declares ``ReasoningConfig.name`` with a preset's default, keeping its help text."""
+    parent = ReasoningConfig.__dataclass_fields__[name]
+    return field(default=value, metadata=dict(parent.metadata))
+
+
+def bibtex(key: str, title: str, authors: str, year: int, arxiv_id: str) -> str:
+    """A BibTeX ``@article`` entry for an arXiv paper (used by the model card)."""
+    return (
+        f"@article{{{key},\n    title   = {{{{{title}}}}},\n    author  = {{{authors}}},\n"
+        f"    year    = {year},\n    eprint  = {{arXiv:{arxiv_id}}},\n}}"
+    )
