@@ -36,7 +36,9 @@ def nan_std(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> t
     var = squared / (count - 1).clamp(min=1)
     var = torch.where(count > 1, var, torch.full_like(var, float("nan")))
     std = var.sqrt()
-    return std if keepdim or dim is None else std.squeeze(dim)
+    if keepdim:
+        return std
+    return std.reshape(()) if dim is None else std.squeeze(dim)
 
 
 def _grouped(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:

@@ -84,7 +84,7 @@ def completion_weights(
         max_completion_length: ``L_max`` (``seq_mean_token_sum_norm``).
     """
     fn = AGGREGATIONS.get(mode)
-    counts = token_counts.to(torch.float64 if token_counts.dtype == torch.float64 else torch.float32)
+    counts = token_counts if token_counts.is_floating_point() else token_counts.to(torch.float32)
     return fn(counts, num_generations=num_generations, max_completion_length=max_completion_length)
 
 
@@ -106,6 +106,8 @@ def aggregate_loss(
     if weights is None:
         if mode is None:
             raise ValueError("aggregate_loss needs either `mode` or `weights`.")
-        weights = completion_weights(mask.sum(dim=-1), mode, num_generations, max_completion_length)
+        # Count tokens in the loss's dtype, so a float64 loss gets float64 weights whatever the mask's dtype.
+        token_counts = mask.to(per_token_loss.dtype).sum(dim=-1)
+        weights = completion_weights(token_counts, mode, num_generations, max_completion_length)
     weights = weights.to(per_token_loss.dtype)
     return ((per_token_loss * mask.to(per_token_loss.dtype)).sum(dim=-1) * weights).sum()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import numbers
 from collections.abc import Callable, Sequence
 
 import torch
@@ -107,7 +108,8 @@ def wrap_reward_function(func: Callable, name: str) -> Callable:
                 "return exactly one reward (or None) per completion."
             )
         for index, value in enumerate(output):
-            if value is not None and not isinstance(value, (int, float)) and not torch.is_tensor(value):
+            # numbers.Real covers Python and numpy scalars, which TRL's torch.tensor(rewards) accepts too.
+            if value is not None and not isinstance(value, numbers.Real) and not torch.is_tensor(value):
                 raise RewardFunctionError(
                     f"Reward function '{name}' returned {value!r} ({type(value).__name__}) for completion {index}; "
                     "rewards must be numbers or None."
