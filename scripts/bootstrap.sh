@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Creates .venv and installs trl-reasoning with its test and dev extras, from scratch if needed.
+# torch is pinned by constraints.txt: on a CPU machine `torch==2.13.0` resolves to the local CPU wheel, whereas an
+# unpinned torch would pull several GB of CUDA packages.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt "torch==2.13.0"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]"
