@@ -136,6 +136,7 @@ _TRL_LOSS_TYPES = {
     "dr_grpo": ("clip", "seq_mean_token_sum_norm"),
     "cispo": ("cispo", "token_mean"),
 }
+_TRL_LOSS_TYPE_OF = {pair: name for name, pair in _TRL_LOSS_TYPES.items()}
 _UNSUPPORTED_TRL_LOSS_TYPES = {
     "bnpo": "it normalizes by the tokens of each local micro-batch, so its gradient depends on how the batch is "
     "split; loss_type='dapo' (loss_aggregation='token_mean') normalizes by the tokens of the whole batch",
@@ -315,15 +316,10 @@ class ReasoningConfig(GRPOConfig):
                 f"with a sequence-level ratio), not by policy_loss={self.policy_loss!r}. Use policy_loss='gspo' or "
                 "importance_sampling_level='token'."
             )
-        self.loss_type = next(
-            (
-                name
-                for name, pair in _TRL_LOSS_TYPES.items()
-                if pair == (self.policy_loss if self.policy_loss != "gspo" else "clip", self.loss_aggregation)
-                and (self.policy_loss != "gspo" or name == "grpo")
-            ),
-            None,
-        )
+        if self.policy_loss == "gspo":  # TRL spells GSPO as loss_type="grpo" with a sequence-level ratio
+            self.loss_type = "grpo" if self.loss_aggregation == "seq_mean_token_mean" else None
+        else:
+            self.loss_type = _TRL_LOSS_TYPE_OF.get((self.policy_loss, self.loss_aggregation))
 
     def _resolve_advantage_estimator(self) -> None:
         scale = self.scale_rewards
