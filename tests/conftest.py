@@ -13,26 +13,21 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
-from trl_reasoning.demo.tiny import save_tiny_model  # noqa: E402
+from trl_reasoning.demo.task import digit_reward  # noqa: E402
+from trl_reasoning.demo.tiny import cpu_config_kwargs, save_tiny_model  # noqa: E402
 
 
 def cpu_args(**overrides) -> dict:
     """Keyword arguments that make a TRL/trl-reasoning config run fast and deterministically on a CPU."""
-    args = dict(
+    args = cpu_config_kwargs(
         output_dir=overrides.pop("output_dir", "/tmp/trl-reasoning-tests"),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        gradient_checkpointing=False,
         per_device_train_batch_size=8,
         num_generations=4,
         max_completion_length=12,
         max_steps=3,
         learning_rate=1e-2,
         logging_steps=1,
-        save_strategy="no",
         seed=0,
-        disable_tqdm=True,
         dataloader_num_workers=0,
     )
     args.update(overrides)
@@ -44,16 +39,24 @@ def make_prompts(n: int = 16) -> Dataset:
     return Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i * 7 % 10}="}]} for i in range(n)])
 
 
-def digit_fraction(completions, **kwargs) -> list[float]:
-    """A dense reward in [0, 1]: the fraction of the completion's characters that are digits."""
-    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-    return [sum(ch.isdigit() for ch in t) / max(1, len(t)) for t in texts]
+#: A dense reward in [0, 1]: the fraction of the completion's characters that are digits (the demo's task).
+digit_fraction = digit_reward
 
 
 def has_digit(completions, **kwargs) -> list[float]:
     """A binary reward: 1 if the completion contains a digit (about half of a random tiny model's completions)."""
     texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
     return [float(any(ch.isdigit() for ch in t)) for t in texts]
+
+
+def generate_batch(trainer, seed: int = 123) -> dict:
+    """One scored generation batch, as TRL builds it in `_prepare_inputs` (before the shuffle)."""
+    dataset = make_prompts()
+    group = trainer.num_generations
+    batch = [dataset[i] for i in range(trainer.args.per_device_train_batch_size // group) for _ in range(group)]
+    trainer.model.train()
+    torch.manual_seed(seed)
+    return trainer._generate_and_score_completions(batch)
 
 
 @pytest.fixture(scope="session")

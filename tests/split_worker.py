@@ -18,6 +18,8 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 import trl_reasoning as tr  # noqa: E402
+from trl_reasoning.demo.task import digit_reward  # noqa: E402
+from trl_reasoning.demo.tiny import cpu_config_kwargs  # noqa: E402
 
 # Every aggregation appears at least once; the losses cover token-level and sequence-level objectives.
 COMBINATIONS = [
@@ -52,11 +54,6 @@ def rollout(prompts, trainer):
     return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
 
-def reward(completions, **kwargs):
-    texts = [c[0]["content"] for c in completions]
-    return [sum(ch.isdigit() for ch in t) / max(1, len(t)) for t in texts]
-
-
 class CaptureGradients(TrainerCallback):
     def __init__(self):
         self.gradients = None
@@ -74,20 +71,15 @@ def gradients(model_path: str, per_device: int, grad_accum: int, output_dir: str
     for policy_loss, aggregation in COMBINATIONS:
         capture = CaptureGradients()
         args = tr.ReasoningConfig(
+            **cpu_config_kwargs(),
             output_dir=output_dir,
-            use_cpu=True,
-            bf16=False,
-            report_to="none",
-            gradient_checkpointing=False,
             per_device_train_batch_size=per_device,
             gradient_accumulation_steps=grad_accum,
             num_generations=NUM_GENERATIONS,
             max_completion_length=MAX_COMPLETION_LENGTH,
             max_steps=1,
             max_grad_norm=0.0,  # the callback sees gradients after clipping: keep them raw
-            save_strategy="no",
             seed=0,
-            disable_tqdm=True,
             policy_loss=policy_loss,
             loss_aggregation=aggregation,
             epsilon_high=5.0 if policy_loss == "cispo" else None,
@@ -95,7 +87,7 @@ def gradients(model_path: str, per_device: int, grad_accum: int, output_dir: str
         )
         trainer = tr.ReasoningTrainer(
             model=model_path,
-            reward_funcs=reward,
+            reward_funcs=digit_reward,
             args=args,
             train_dataset=dataset,
             rollout_func=rollout,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import cpu_args, digit_fraction, make_prompts
+from conftest import cpu_args, digit_fraction, generate_batch, make_prompts
 from trl import GRPOConfig, GRPOTrainer
 from trl import RLOOConfig as TRLRLOOConfig
 from trl import RLOOTrainer as TRLRLOOTrainer
@@ -17,16 +17,6 @@ from trl import RLOOTrainer as TRLRLOOTrainer
 import trl_reasoning as tr
 
 TOLERANCE = dict(rtol=1e-5, atol=1e-7)
-
-
-def _generate(trainer, seed: int = 123) -> dict:
-    """One scored generation batch, as TRL builds it in `_prepare_inputs` (before the shuffle)."""
-    dataset = make_prompts()
-    group = trainer.num_generations
-    batch = [dataset[i] for i in range(trainer.args.per_device_train_batch_size // group) for _ in range(group)]
-    trainer.model.train()
-    torch.manual_seed(seed)
-    return trainer._generate_and_score_completions(batch)
 
 
 def _loss_and_grads(trainer, inputs: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -45,21 +35,31 @@ def _perturbed_old_logps(trainer, inputs: dict, seed: int = 7) -> torch.Tensor:
     return current + 0.4 * torch.randn(current.shape, generator=generator)
 
 
-def _assert_same(ours, theirs, ours_inputs, their_inputs):
+def _assert_same(
+    ours, theirs, ours_inputs, their_inputs, their_old_key="old_per_token_logps", off_policy_tolerance=None
+):
+    """Same advantages; same loss and gradients on-policy and with perturbed behaviour log-probs.
+
+    `their_old_key` names where TRL's trainer reads the behaviour log-probs: per token (`GRPOTrainer`), or summed over
+    the completion (`RLOOTrainer`'s "old_logps").
+    """
     torch.testing.assert_close(ours_inputs["advantages"], their_inputs["advantages"], **TOLERANCE)
     for off_policy in (False, True):
+        tolerance = TOLERANCE
         if off_policy:
             old = _perturbed_old_logps(ours, ours_inputs)
+            their_old = (
+                old if their_old_key == "old_per_token_logps" else (old * their_inputs["completion_mask"]).sum(1)
+            )
             ours_inputs = {**ours_inputs, "old_per_token_logps": old}
-            their_inputs = {**their_inputs, "old_per_token_logps": old}
+            their_inputs = {**their_inputs, their_old_key: their_old}
+            tolerance = off_policy_tolerance or TOLERANCE
         loss_ours, grads_ours = _loss_and_grads(ours, ours_inputs)
         loss_theirs, grads_theirs = _loss_and_grads(theirs, their_inputs)
         assert torch.isfinite(loss_ours)
-        tolerance = RLOO_TOLERANCE if off_policy else TOLERANCE
         torch.testing.assert_close(loss_ours, loss_theirs, **tolerance)
         for g_ours, g_theirs in zip(grads_ours, grads_theirs, strict=True):
             torch.testing.assert_close(g_ours, g_theirs, **tolerance)
-        assert any(g.abs().sum() > 0 for g in grads_ours)
         assert any(g.abs().sum() > 0 for g in grads_ours), "the comparison is vacuous: no gradient"
 
 
@@ -110,7 +110,7 @@ def test_matches_trl_grpo_trainer(case, tiny_model_path, tmp_path):
     )
     if "beta" in ours_kwargs:  # move the policy off the reference so that the KL term is not zero
         _perturb_both(ours.model, theirs.model)
-    ours_inputs, their_inputs = _generate(ours), _generate(theirs)
+    ours_inputs, their_inputs = generate_batch(ours), generate_batch(theirs)
     torch.testing.assert_close(ours_inputs["completion_ids"], their_inputs["completion_ids"], rtol=0, atol=0)
     _assert_same(ours, theirs, ours_inputs, their_inputs)
 
@@ -146,19 +146,9 @@ def test_rloo_matches_trl_rloo_trainer(tiny_model_path, tmp_path):
         train_dataset=dataset,
     )
     _perturb_both(ours.model, theirs.model)  # policy != reference, so the KL penalty is not zero
-    ours_inputs, their_inputs = _generate(ours), _generate(theirs)
+    ours_inputs, their_inputs = generate_batch(ours), generate_batch(theirs)
     torch.testing.assert_close(ours_inputs["completion_ids"], their_inputs["completion_ids"], rtol=0, atol=0)
     assert ours.args.kl_in_reward and ours.beta == 0.05
-    torch.testing.assert_close(ours_inputs["advantages"], their_inputs["advantages"], **TOLERANCE)
-    for off_policy in (False, True):
-        if off_policy:
-            old = _perturbed_old_logps(ours, ours_inputs)
-            ours_inputs = {**ours_inputs, "old_per_token_logps": old}
-            their_inputs = {**their_inputs, "old_logps": (old * their_inputs["completion_mask"]).sum(1)}
-        loss_ours, grads_ours = _loss_and_grads(ours, ours_inputs)
-        loss_theirs, grads_theirs = _loss_and_grads(theirs, their_inputs)
-        tolerance = RLOO_TOLERANCE if off_policy else TOLERANCE
-        torch.testing.assert_close(loss_ours, loss_theirs, **tolerance)
-        for g_ours, g_theirs in zip(grads_ours, grads_theirs, strict=True):
-            torch.testing.assert_close(g_ours, g_theirs, **tolerance)
-        assert any(g.abs().sum() > 0 for g in grads_ours)
+    _assert_same(
+        ours, theirs, ours_inputs, their_inputs, their_old_key="old_logps", off_policy_tolerance=RLOO_TOLERANCE
+    )

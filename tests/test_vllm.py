@@ -7,8 +7,7 @@ import importlib.util
 
 import pytest
 import torch
-from conftest import cpu_args, digit_fraction
-from test_trl_equivalence import _generate
+from conftest import cpu_args, digit_fraction, generate_batch
 
 import trl_reasoning as tr
 
@@ -53,7 +52,7 @@ def test_loss_uses_vllm_importance_sampling_like_trl(policy_loss, tiny_model_pat
     takes its ratio against vLLM's sampling log-probs, so the correction is not applied twice."""
     args = tr.ReasoningConfig(**cpu_args(output_dir=str(tmp_path)), policy_loss=policy_loss, epsilon_high=5.0)
     trainer = tr.ReasoningTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=args, train_dataset=prompts)
-    inputs = _generate(trainer)
+    inputs = generate_batch(trainer)
     baseline = _loss(trainer, inputs)
     assert baseline != 0
 

@@ -18,17 +18,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ALGORITHMS = ("dapo", "cispo", "dppo", "maxrl", "rloo", "dr_grpo")
 
 
-def digit_reward(completions, **kwargs) -> list[float]:
-    """Fraction of the completion's characters that are digits (in [0, 1])."""
-    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-    return [sum(ch.isdigit() for ch in text) / max(1, len(text)) for text in texts]
-
-
-def all_digits(completions, **kwargs) -> list[float]:
-    """Binary version of the task, for MaxRL: 1 when most of the completion is digits."""
-    return [float(r >= 0.5) for r in digit_reward(completions)]
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="dapo")
@@ -40,7 +29,8 @@ def main(argv: list[str] | None = None) -> dict:
     from datasets import Dataset
 
     import trl_reasoning as tr
-    from trl_reasoning.demo.tiny import save_tiny_model
+    from trl_reasoning.demo.task import all_digits, digit_reward
+    from trl_reasoning.demo.tiny import cpu_config_kwargs, save_tiny_model
 
     presets = {
         "dapo": (tr.DAPOTrainer, {}),
@@ -55,20 +45,15 @@ def main(argv: list[str] | None = None) -> dict:
     model_path = save_tiny_model(os.path.join(output_dir, "initial-model"), seed=options.seed)
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"digits please: {i}"}]} for i in range(256)])
     args = trainer_cls.config_class(
+        **cpu_config_kwargs(),
         output_dir=output_dir,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        gradient_checkpointing=False,
         per_device_train_batch_size=16,
         num_generations=overrides.get("num_generations", 8),
         max_completion_length=16,
         learning_rate=3e-3,
         max_steps=options.steps,
         logging_steps=5,
-        save_strategy="no",
         seed=options.seed,
-        disable_tqdm=True,
         log_level="warning",
     )
     reward = all_digits if options.algorithm == "maxrl" else digit_reward

@@ -74,3 +74,18 @@ def save_tiny_model(path: str | Path, seed: int = 0, **model_kwargs) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def cpu_config_kwargs(**overrides) -> dict:
+    """Config arguments that make a TRL/trl-reasoning config train a tiny model on a CPU: fp32, no gradient
+    checkpointing (TRL turns it on by default), no reporting, no checkpoints, no progress bar."""
+    kwargs = dict(
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        gradient_checkpointing=False,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    kwargs.update(overrides)
+    return kwargs
