@@ -12,6 +12,7 @@ logs as means over unmasked tokens, under the key as metric name (e.g. ``"clip_r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -21,8 +22,76 @@ from ._registry import Registry
 PolicyLoss = Callable[..., torch.Tensor]
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 
-#: DPPO divergence name -> default threshold delta (DPPO, arXiv 2602.04879).
-DPPO_DEFAULT_THRESHOLDS = {"binary_tv": 0.15, "binary_kl": 0.05}
+#: DPPO divergence name -> default threshold delta (DPPO, arXiv 2602.04879). The top-K variants reuse the binary
+#: thresholds of the same divergence (TV 0.15, KL 0.05).
+DPPO_DEFAULT_THRESHOLDS = {"binary_tv": 0.15, "binary_kl": 0.05, "topk_tv": 0.15, "topk_kl": 0.05}
+
+#: Number of rollout tokens tracked by DPPO's top-K divergences (``rollout_topk(k=...)``).
+DPPO_TOPK = 20
+
+
+def topk_divergence(
+    rollout_topk_logps: torch.Tensor,
+    current_topk_logps: torch.Tensor,
+    kind: str = "tv",
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """DPPO's top-K divergence between the rollout distribution ``mu`` and the current one ``pi``, per position.
+
+    The distributions are reduced to the rollout's top-K tokens (``mu_k = exp(rollout_topk_logps)``,
+    ``pi_k = exp(current_topk_logps)`` at the same ids) plus one "rest" bucket,
+    ``mu_rest = max(1 - sum_k mu_k, 0)`` (likewise ``pi_rest``), computed as ``-expm1(logsumexp_k log mu_k)`` to keep
+    precision when the rest is tiny:
+
+    - ``kind="tv"``: ``D = 1/2 (sum_k |mu_k - pi_k| + |mu_rest - pi_rest|)``
+    - ``kind="kl"``: ``D = sum_k mu_k log(mu_k / pi_k) + mu_rest log(mu_rest / pi_rest)`` (``KL(mu || pi)``), with
+      ``0 log 0 = 0``; a ``pi`` term of exactly 0 is floored at the dtype's ``tiny``, so ``D`` stays finite.
+
+    With ``K = vocab`` this is the exact TV / KL. Positions where ``mask`` is 0, or where ``rollout_topk_logps``
+    holds a ``NaN`` (the engine could not score them), give ``D = 0`` and no ``NaN`` (values or gradients).
+    Differentiable in ``current_topk_logps``. Source: DPPO, arXiv 2602.04879 (top-K approximation).
+
+    Args:
+        rollout_topk_logps: ``[B, T, K]`` log-probs of the rollout's top-K tokens (:func:`trl_reasoning.logits.rollout_topk`).
+        current_topk_logps: ``[B, T, K]`` the current policy's log-probs at the same ids
+            (:func:`trl_reasoning.logits.chunked_logps`).
+        kind: ``"tv"`` or ``"kl"``.
+        mask: optional ``[B, T]``, 1 where the position counts.
+
+    Returns:
+        ``D`` ``[B, T]`` in the dtype of ``current_topk_logps``.
+    """
+    if kind not in ("tv", "kl"):
+        raise ValueError(f"Unknown top-K divergence kind {kind!r}. Allowed values: tv, kl.")
+    if rollout_topk_logps.shape != current_topk_logps.shape:
+        raise ValueError(
+            f"rollout_topk_logps {tuple(rollout_topk_logps.shape)} and current_topk_logps "
+            f"{tuple(current_topk_logps.shape)} must have the same [B, T, K] shape"
+        )
+    dtype = current_topk_logps.dtype
+    mu_log = rollout_topk_logps.detach().to(dtype)
+    valid = ~torch.isnan(mu_log).any(dim=-1)
+    if mask is not None:
+        valid = valid & (mask != 0)
+    # Invalid positions are replaced by a harmless distribution (both sides equal) before any arithmetic, so neither
+    # the value nor the gradient can pick up a NaN/inf from padding.
+    filler = torch.full_like(mu_log, -math.log(mu_log.shape[-1] + 1))
+    mu_log = torch.where(valid.unsqueeze(-1), mu_log, filler)
+    pi_log = torch.where(valid.unsqueeze(-1), current_topk_logps, filler)
+    tiny = torch.finfo(dtype).tiny
+    log_tiny = math.log(tiny)
+    mu_k, pi_k = mu_log.exp(), pi_log.exp()
+    mu_rest = (-torch.expm1(torch.logsumexp(mu_log, dim=-1).clamp(max=0.0))).clamp(min=0.0)
+    pi_rest = (-torch.expm1(torch.logsumexp(pi_log, dim=-1).clamp(max=0.0))).clamp(min=0.0)
+    if kind == "tv":
+        div = 0.5 * ((mu_k - pi_k).abs().sum(-1) + (mu_rest - pi_rest).abs())
+    else:
+        # mu * (log mu - log pi), zero where mu = 0; log pi floored so a vanished pi gives a large finite term.
+        top = torch.where(mu_k > 0, mu_k * (mu_log - pi_log.clamp(min=log_tiny)), torch.zeros_like(mu_k)).sum(-1)
+        rest_log_ratio = mu_rest.clamp(min=tiny).log() - pi_rest.clamp(min=tiny).log()
+        rest = torch.where(mu_rest > 0, mu_rest * rest_log_ratio, torch.zeros_like(mu_rest))
+        div = top + rest
+    return torch.where(valid, div, torch.zeros_like(div))
 
 
 def _clipped_surrogate(
@@ -89,23 +158,43 @@ def dppo_divergence_mask(
     advantages: torch.Tensor,
     divergence: str = "binary_tv",
     threshold: float | None = None,
+    rollout_topk_logps: torch.Tensor | None = None,
+    topk_logps: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """DPPO's trust-region mask ``M`` and the divergence ``D`` per token (both without gradient).
 
     ``M = 0`` where the update would push further in the advantage's direction past the trust region:
-    ``(A > 0 and pi > mu and D > delta) or (A < 0 and pi < mu and D > delta)``; else ``M = 1``.
-    ``binary_tv``: ``D = |pi - mu|``. ``binary_kl``: ``D = mu log(mu/pi) + (1-mu) log((1-mu)/(1-pi))``,
-    ``mu`` the rollout probability of the sampled token. Source: DPPO, arXiv 2602.04879.
+    ``(A > 0 and pi > mu and D > delta) or (A < 0 and pi < mu and D > delta)``; else ``M = 1``, with ``pi``/``mu``
+    the current/rollout probabilities of the sampled token.
+    ``binary_tv``: ``D = |pi - mu|``. ``binary_kl``: ``D = mu log(mu/pi) + (1-mu) log((1-mu)/(1-pi))``.
+    ``topk_tv`` / ``topk_kl``: ``D`` = :func:`topk_divergence` of ``rollout_topk_logps`` and ``topk_logps``
+    (``[B, T, K]``, the rollout's top-K and the current log-probs at the same ids), which both must be given; ``mask``
+    (``[B, T]``) only zeroes ``D`` at padding. Source: DPPO, arXiv 2602.04879.
     """
     if divergence not in DPPO_DEFAULT_THRESHOLDS:
         raise ValueError(
             f"Unknown dppo_divergence {divergence!r}. Allowed values: {', '.join(DPPO_DEFAULT_THRESHOLDS)}."
         )
+    if divergence.startswith("topk_"):
+        missing = [
+            name
+            for name, value in (("rollout_topk_logps", rollout_topk_logps), ("topk_logps", topk_logps))
+            if value is None
+        ]
+        if missing:
+            raise ValueError(
+                f"dppo_divergence={divergence!r} needs {' and '.join(missing)} ([B, T, K] log-probs of the rollout's "
+                "top-K tokens, stored at generation time, and of the current policy at the same ids)."
+            )
     delta = DPPO_DEFAULT_THRESHOLDS[divergence] if threshold is None else threshold
     with torch.no_grad():
         pi = torch.exp(logps)
         mu = torch.exp(rollout_logps)
-        if divergence == "binary_tv":
+        if divergence.startswith("topk_"):
+            div = topk_divergence(rollout_topk_logps, topk_logps.detach(), divergence.removeprefix("topk_"), mask)
+            div = div.to(pi.dtype)
+        elif divergence == "binary_tv":
             div = (pi - mu).abs()
         else:
             # Both sides of the Bernoulli (sampled token vs the rest); probabilities are kept inside (0, 1).
@@ -130,19 +219,25 @@ def dppo_loss(
     divergence: str = "binary_tv",
     threshold: float | None = None,
     is_cap: float = 20.0,
+    rollout_topk_logps: torch.Tensor | None = None,
+    topk_logps: torch.Tensor | None = None,
     stats: dict | None = None,
 ) -> torch.Tensor:
     """DPPO: ``l = -A * sg(min(pi / mu_roll, C)) * M * log pi`` with the divergence mask ``M``.
 
     ``mu_roll`` is the rollout engine's probability (vLLM's sampling logprobs) or, without one, ``pi_old``
     (``rollout_logps=None``). Positions where ``rollout_logps`` is ``NaN`` (vLLM could not score them) fall back to
-    ``pi_old``. Source: DPPO, arXiv 2602.04879; ``C = 20``.
+    ``pi_old``. ``divergence="topk_tv"``/``"topk_kl"`` need ``rollout_topk_logps`` and ``topk_logps`` ``[B, T, K]``
+    (see :func:`dppo_divergence_mask`); they only feed the mask, so they need no gradient.
+    Source: DPPO, arXiv 2602.04879; ``C = 20``.
     """
     if rollout_logps is None:
         rollout_logps = old_logps
     else:
         rollout_logps = torch.where(torch.isnan(rollout_logps), old_logps, rollout_logps)
-    keep, div = dppo_divergence_mask(logps, rollout_logps, advantages, divergence, threshold)
+    keep, div = dppo_divergence_mask(
+        logps, rollout_logps, advantages, divergence, threshold, rollout_topk_logps, topk_logps, mask
+    )
     weight = torch.clamp(torch.exp(logps - rollout_logps), max=is_cap).detach()
     if stats is not None:
         stats["dppo/masked_frac_pos_adv"] = (keep == 0) & (advantages > 0)
@@ -215,7 +310,7 @@ def compute_policy_loss(
         advantages: ``(B,)`` or ``(B, 1)`` one advantage per completion (or ``(B, T)`` per token).
         mask: ``(B, T)`` 1 for completion tokens that count in the loss.
         **kwargs: the loss's own parameters (``epsilon_low``, ``epsilon_high``, ``delta``, ``rollout_logps``,
-            ``divergence``, ``threshold``, ``is_cap``, ``stats``).
+            ``divergence``, ``threshold``, ``is_cap``, ``rollout_topk_logps``, ``topk_logps``, ``stats``).
     """
     fn = POLICY_LOSSES.get(name)
     if advantages.dim() == 1:
