@@ -21,8 +21,9 @@ from collections.abc import Iterator
 
 import torch
 
-#: Default number of positions (rows of ``vocab`` logits) processed at once: ``chunk_size * vocab`` floats of scratch.
-DEFAULT_CHUNK_SIZE = 1024
+#: Default number of positions (rows of ``vocab`` logits) processed at once. Scratch is about three
+#: ``[chunk_size, vocab]`` float32 tensors: 3 x 128 x 152k x 4 B = 233 MB for a Qwen-sized vocabulary.
+DEFAULT_CHUNK_SIZE = 128
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -126,12 +127,17 @@ def _lm_head_logits(
     temperature: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Tempered logits ``z = softcap(logit_scale * (h W^T + b)) / T`` of one chunk, and ``tanh`` (for backward)."""
-    y = torch.nn.functional.linear(hidden, weight, bias).to(dtype) * logit_scale
+    # Runs without autograd (inside a custom Function or under no_grad), so the fresh chunk is updated in place.
+    y = torch.nn.functional.linear(hidden, weight, bias).to(dtype)
+    if logit_scale != 1.0:
+        y.mul_(logit_scale)
     tanh = None
     if softcap is not None:
-        tanh = torch.tanh(y / softcap)
-        y = softcap * tanh
-    return y / temperature, tanh
+        tanh = y.div_(softcap).tanh_()
+        y = tanh * (softcap / temperature)
+    else:
+        y.div_(temperature)
+    return y, tanh
 
 
 @torch.no_grad()
@@ -182,14 +188,14 @@ def _gather_forward(z: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor,
     """``log softmax(z)`` at ``index`` ``[..., M]``, the entropy ``lse - sum_j p_j z_j`` and ``lse`` of one chunk."""
     lse = torch.logsumexp(z, dim=-1)
     gathered = z.gather(-1, index) - lse.unsqueeze(-1)
-    probs = torch.exp(z - lse.unsqueeze(-1))
-    entropy = lse - (probs * z).sum(-1)
+    weighted = (z - lse.unsqueeze(-1)).exp_().mul_(z)  # p_j z_j, one [chunk, V] temporary besides z
+    entropy = lse - weighted.sum(-1)
     return gathered, entropy, lse
 
 
 def _grad_wrt_z(z: torch.Tensor, lse: torch.Tensor, index: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
     """``dL/dz_j = sum_m g_m [j == idx_m] - p_j sum_m g_m`` for ``L = sum_m g_m (z_{idx_m} - lse)`` (one chunk)."""
-    grad = torch.exp(z - lse.unsqueeze(-1)) * (-grad_out.sum(-1, keepdim=True))
+    grad = (z - lse.unsqueeze(-1)).exp_().mul_(-grad_out.sum(-1, keepdim=True))
     return grad.scatter_add_(-1, index, grad_out)
 
 
@@ -228,7 +234,8 @@ class _GatherLogProbsFromLogits(torch.autograd.Function):
         for bs, ts in _chunks(batch, length, ctx.chunk_size):
             z = logits[bs, ts].to(dtype) / ctx.temperature
             grad_z = _grad_wrt_z(z, lse[bs, ts], index[bs, ts], grad_out[bs, ts])
-            grad_logits[bs, ts] = grad_z / ctx.temperature
+            del z
+            grad_logits[bs, ts] = grad_z.div_(ctx.temperature)
         return grad_logits, None, None, None
 
 
@@ -270,10 +277,13 @@ class _GatherLogProbsFromHidden(torch.autograd.Function):
             for bs, ts in _chunks(batch, length, chunk_size):
                 h = hidden[bs, ts]
                 z, tanh = _lm_head_logits(h, weight, bias, dtype, logit_scale, softcap, temperature)
-                grad_y = _grad_wrt_z(z, lse[bs, ts], index[bs, ts], grad_out[bs, ts]) / temperature
+                grad_y = _grad_wrt_z(z, lse[bs, ts], index[bs, ts], grad_out[bs, ts]).div_(temperature)
+                del z
                 if tanh is not None:  # d(cap * tanh(y / cap))/dy = 1 - tanh^2
-                    grad_y = grad_y * (1 - tanh * tanh)
-                grad_y = grad_y * logit_scale  # [b, t, V], dL/d(h W^T + b)
+                    grad_y.mul_(tanh.square_().neg_().add_(1.0))
+                    del tanh
+                if logit_scale != 1.0:
+                    grad_y.mul_(logit_scale)  # now dL/d(h W^T + b), [b, t, V]
                 if grad_h is not None:
                     grad_h[bs, ts] = (grad_y.to(weight.dtype) @ weight).to(hidden.dtype)
                 flat_g = grad_y.reshape(-1, grad_y.shape[-1])
