@@ -1,0 +1,169 @@
+"""The pure sampling pieces: informative groups, pass rates, group selection, the epoch sampler and the prompt
+stream (no model)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from trl.trainer.utils import RepeatSampler
+
+from trl_reasoning.sampling import (
+    EpochRepeatSampler,
+    PromptStream,
+    RetiredPrompts,
+    eligible_indices,
+    group_pass_rates,
+    informative_groups,
+    prompt_key,
+    select_groups,
+)
+
+nan = math.nan
+
+
+def test_informative_groups_by_hand():
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, nan, 1.0, 1.0, nan, nan, nan, 0.5, nan])
+    # groups of 4: [1,1,1,0] mixed; [0,0,0,1] mixed; [nan,1,1,nan] equal among scored; [nan,nan,0.5,nan] one scored
+    assert informative_groups(rewards, 4).tolist() == [True, True, False, False]
+
+
+def test_informative_groups_all_equal_and_all_nan():
+    assert informative_groups(torch.zeros(6), 3).tolist() == [False, False]
+    assert informative_groups(torch.full((4,), nan), 2).tolist() == [False, False]
+    assert informative_groups(torch.tensor([0.2, 0.2 + 1e-6]), 2).tolist() == [True]
+
+
+def test_informative_groups_rejects_a_ragged_batch():
+    with pytest.raises(ValueError, match="multiple of num_generations=4"):
+        informative_groups(torch.zeros(6), 4)
+
+
+def test_group_pass_rates_by_hand():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, -1.0, -1.0, 1.0, nan, nan, nan, nan, nan])
+    rates = group_pass_rates(rewards, 4)
+    assert rates[0].item() == pytest.approx(0.75)
+    assert rates[1].item() == pytest.approx(1 / 3)  # the NaN is not counted
+    assert math.isnan(rates[2].item())
+
+
+def test_select_groups_takes_the_first_informative_then_fillers():
+    assert select_groups([False, True, True, False, True], 2) == ([1, 2], [True, True])
+    assert select_groups([False, True, False, False], 3) == ([1, 0, 2], [True, False, False])
+    assert select_groups([False, False], 2) == ([0, 1], [False, False])
+    with pytest.raises(ValueError, match="Cannot fill 3 groups from 2 candidates"):
+        select_groups([True, False], 3)
+
+
+def test_prompt_key_is_stable_and_distinguishes_prompts():
+    chat = [{"role": "user", "content": "1+1="}]
+    assert prompt_key(chat) == prompt_key([{"content": "1+1=", "role": "user"}])  # key order does not matter
+    assert prompt_key(chat) != prompt_key([{"role": "user", "content": "1+2="}])
+    assert len(prompt_key("text prompt")) == 16
+
+
+def test_retired_prompts_exclude_only_later_epochs_and_round_trip():
+    retired = RetiredPrompts()
+    assert retired.retire("a", 0) and retired.retire("b", 1)
+    assert not retired.retire("a", 2)  # keeps the first epoch
+    assert retired.excluded_before(0) == set()
+    assert retired.excluded_before(1) == {"a"}
+    assert retired.excluded_before(2) == {"a", "b"}
+    copy = RetiredPrompts()
+    copy.load_state_dict(retired.state_dict())
+    assert copy.epoch_of == {"a": 0, "b": 1}
+
+
+def test_eligible_indices():
+    keys = ["a", "b", "c"]
+    assert eligible_indices(keys, {"b"}, 3) == [0, 2]
+    assert eligible_indices(None, set(), 3) == [0, 1, 2]
+    with pytest.raises(ValueError, match="Prompt keys are needed"):
+        eligible_indices(None, {"a"}, 3)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_epoch_zero_is_trls_repeat_sampler_order(shuffle):
+    kwargs = dict(mini_repeat_count=3, batch_size=4, repeat_count=2, shuffle=shuffle, seed=42)
+    ours = list(EpochRepeatSampler(num_samples=10, **kwargs))
+    trls = list(RepeatSampler(list(range(10)), **kwargs))
+    assert ours == trls
+    assert len(EpochRepeatSampler(num_samples=10, **kwargs)) == len(RepeatSampler(list(range(10)), **kwargs))
+
+
+def test_epoch_order_is_a_function_of_the_epoch_alone():
+    sampler = EpochRepeatSampler(num_samples=12, mini_repeat_count=2, batch_size=3, seed=5)
+    sampler.set_epoch(2)
+    epoch_two = list(sampler)
+    assert list(sampler) == epoch_two  # iterating again does not advance anything
+    fresh = EpochRepeatSampler(num_samples=12, mini_repeat_count=2, batch_size=3, seed=5)
+    fresh.set_epoch(2)
+    assert list(fresh) == epoch_two  # a resumed run rebuilds the same order
+    fresh.set_epoch(1)
+    assert list(fresh) != epoch_two
+
+
+def test_retired_prompts_leave_later_epochs_and_the_length_stays_fixed():
+    keys = [f"k{i}" for i in range(8)]
+    retired = RetiredPrompts()
+    retired.retire("k3", 0)
+    retired.retire("k5", 1)
+    sampler = EpochRepeatSampler(
+        num_samples=8, mini_repeat_count=2, batch_size=4, seed=0, retired=retired, prompt_keys=lambda: keys
+    )
+    for epoch, absent in ((0, set()), (1, {3}), (2, {3, 5})):
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        assert len(order) == len(sampler) == 16
+        assert absent.isdisjoint(order)
+        if epoch == 0:
+            assert sorted(set(order)) == list(range(8))
+
+
+def test_every_prompt_retired_is_a_clear_error():
+    retired = RetiredPrompts()
+    for key in ("a", "b"):
+        retired.retire(key, 0)
+    sampler = EpochRepeatSampler(
+        num_samples=2, mini_repeat_count=2, batch_size=1, seed=0, retired=retired, prompt_keys=lambda: ["a", "b"]
+    )
+    sampler.set_epoch(1)
+    with pytest.raises(RuntimeError, match="Every one of the 2 training prompts has been retired"):
+        list(sampler)
+
+
+def test_sampler_rejects_a_dataset_smaller_than_a_batch():
+    with pytest.raises(ValueError, match="has 3 prompts, fewer than the 4 unique prompts"):
+        EpochRepeatSampler(num_samples=3, mini_repeat_count=2, batch_size=4)
+
+
+def test_prompt_stream_is_seeded_covers_every_prompt_and_resumes():
+    stream = PromptStream(num_samples=5, seed=3)
+    first = stream.take(3) + stream.take(2)
+    assert sorted(first) == [0, 1, 2, 3, 4]  # one pass is a permutation
+    assert PromptStream(num_samples=5, seed=3).take(5) == first
+    assert PromptStream(num_samples=5, seed=4).take(5) != first
+
+    stream = PromptStream(num_samples=5, seed=3)
+    stream.take(4)
+    state = stream.state_dict()
+    expected = stream.take(7)
+    resumed = PromptStream(num_samples=5, seed=3)
+    resumed.load_state_dict(state)
+    assert resumed.take(7) == expected
+
+
+def test_prompt_stream_skips_retired_prompts_from_its_next_pass():
+    keys = ["a", "b", "c", "d"]
+    retired = RetiredPrompts()
+    stream = PromptStream(num_samples=4, seed=0, retired=retired, prompt_keys=lambda: keys)
+    stream.take(4)
+    retired.retire("b", 0)
+    assert 1 not in stream.take(6)
+    retired.retire("a", 0)
+    retired.retire("c", 0)
+    retired.retire("d", 0)
+    stream.remaining = []
+    with pytest.raises(RuntimeError, match="no prompt left"):
+        stream.take(1)

@@ -1,0 +1,254 @@
+"""Which groups train and which prompts get sampled: DAPO's dynamic sampling and ScaleRL's zero-variance filtering
+and no-positive-resampling, as pure functions and small stateful samplers (no TRL import).
+
+A *group* is the ``num_generations`` completions of one prompt, stored as consecutive rows. Rewards are the combined
+task rewards before shaping (``NaN`` = unscorable), so a group is judged on what the verifier said, not on length
+penalties: DAPO filters on accuracy.
+
+Sources: DAPO, arXiv 2503.14476 (dynamic sampling); ScaleRL, arXiv 2510.13786 (zero-variance filtering,
+no-positive-resampling).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+
+def _grouped(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    if rewards.dim() != 1 or rewards.numel() % num_generations != 0:
+        raise ValueError(
+            f"Expected a 1-D tensor of rewards whose length is a multiple of num_generations={num_generations}, got "
+            f"shape {tuple(rewards.shape)}."
+        )
+    return rewards.reshape(-1, num_generations)
+
+
+def informative_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """``True`` for each group whose scored rewards are not all equal (bool, one per group).
+
+    A group with fewer than two scored (non-``NaN``) completions has nothing to compare and counts as
+    uninformative: its advantages are all zero under every group-relative estimator.
+    """
+    grouped = _grouped(rewards, num_generations)
+    scored = ~torch.isnan(grouped)
+    high = torch.where(scored, grouped, torch.full_like(grouped, -torch.inf)).amax(dim=1)
+    low = torch.where(scored, grouped, torch.full_like(grouped, torch.inf)).amin(dim=1)
+    return (scored.sum(dim=1) >= 2) & (high > low)
+
+
+def group_pass_rates(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """Share of each group's scored completions whose reward is ``> 0`` (``NaN`` for a group with none scored).
+
+    With a 0/1 (or ±1) correctness reward this is the prompt's pass rate, as ScaleRL's no-positive-resampling uses.
+    """
+    grouped = _grouped(rewards, num_generations)
+    scored = ~torch.isnan(grouped)
+    passed = (grouped > 0) & scored
+    counts = scored.sum(dim=1)
+    rates = passed.sum(dim=1).to(torch.float64) / counts.clamp(min=1)
+    return torch.where(counts > 0, rates, torch.full_like(rates, torch.nan))
+
+
+def select_groups(informative: Sequence[bool], target: int) -> tuple[list[int], list[bool]]:
+    """Choose ``target`` groups from candidates listed in generation order (DAPO's dynamic sampling).
+
+    Returns ``(chosen, active)``: the candidate positions, in order, of the first ``target`` informative groups, then,
+    if there are fewer, of the first uninformative ones as fillers; ``active[j]`` says whether ``chosen[j]`` is a
+    real (informative) group. Fillers keep the batch shape fixed and train nothing (loss weight 0).
+    """
+    if target < 0:
+        raise ValueError(f"target must be >= 0, got {target}.")
+    kept = [i for i, flag in enumerate(informative) if flag][:target]
+    missing = target - len(kept)
+    if missing > len(informative) - len(kept):
+        raise ValueError(f"Cannot fill {target} groups from {len(informative)} candidates.")
+    fillers = [i for i, flag in enumerate(informative) if not flag][:missing]
+    chosen = kept + fillers
+    return chosen, [True] * len(kept) + [False] * len(fillers)
+
+
+def prompt_key(prompt: Any) -> str:
+    """A stable identifier of a prompt (text or chat messages): the SHA-1 of its canonical JSON, 16 hex digits."""
+    text = json.dumps(prompt, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+
+
+class RetiredPrompts:
+    """ScaleRL's no-positive-resampling memory: prompt key -> the epoch in which its pass rate reached the threshold.
+
+    A prompt retired in epoch ``e`` is excluded from the samplers from epoch ``e + 1`` on, so an epoch's order depends
+    only on what was retired before it started (which keeps resumed runs identical to uninterrupted ones).
+    """
+
+    def __init__(self) -> None:
+        self.epoch_of: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.epoch_of)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.epoch_of
+
+    def retire(self, key: str, epoch: int) -> bool:
+        """Retire ``key`` in ``epoch``; returns whether it was newly retired."""
+        if key in self.epoch_of:
+            return False
+        self.epoch_of[key] = int(epoch)
+        return True
+
+    def excluded_before(self, epoch: int) -> set[str]:
+        """The keys retired in an epoch before ``epoch``."""
+        return {key for key, retired_in in self.epoch_of.items() if retired_in < epoch}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch_of": dict(self.epoch_of)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch_of = {str(key): int(epoch) for key, epoch in state["epoch_of"].items()}
+
+
+def eligible_indices(keys: Sequence[str] | None, excluded: set[str], num_samples: int) -> list[int]:
+    """Indices ``0..num_samples-1`` whose prompt key is not in ``excluded`` (all of them when nothing is excluded)."""
+    if not excluded:
+        return list(range(num_samples))
+    if keys is None:
+        raise ValueError("Prompt keys are needed to exclude retired prompts.")
+    return [i for i in range(num_samples) if keys[i] not in excluded]
+
+
+class EpochRepeatSampler(Sampler[int]):
+    """TRL's ``RepeatSampler`` layout (each prompt ``mini_repeat_count`` times in a row, chunks of ``batch_size``
+    prompts repeated ``repeat_count`` times) with two changes that make checkpoints resumable and prompts retirable:
+
+    - the order of epoch ``e`` is a function of ``(seed, e)`` alone, set by ``set_epoch`` (which the HF Trainer calls
+      at every epoch start, including the one it resumes in), instead of a generator that advances with every epoch;
+      epoch 0 is the same permutation ``RepeatSampler`` draws with that seed;
+    - prompts that ``retired`` excludes for the epoch are skipped, and the epoch is refilled from a further
+      permutation of the remaining prompts, so every epoch has the same number of batches (the Trainer's step
+      accounting, learning-rate schedule and resume arithmetic rely on that length).
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        mini_repeat_count: int,
+        batch_size: int = 1,
+        repeat_count: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        retired: RetiredPrompts | None = None,
+        prompt_keys: Callable[[], Sequence[str]] | None = None,
+    ) -> None:
+        if num_samples < batch_size:
+            raise ValueError(
+                f"The training dataset has {num_samples} prompts, fewer than the {batch_size} unique prompts one "
+                "generation batch needs (generation_batch_size / num_generations)."
+            )
+        self.num_samples = num_samples
+        self.mini_repeat_count = mini_repeat_count
+        self.batch_size = batch_size
+        self.repeat_count = repeat_count
+        self.shuffle = shuffle
+        self.seed = seed
+        self.retired = retired
+        self.prompt_keys = prompt_keys
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def epoch_order(self) -> list[int]:
+        """The prompt indices of the current epoch, one per prompt, before the repeats."""
+        needed = (self.num_samples // self.batch_size) * self.batch_size
+        excluded = self.retired.excluded_before(self.epoch) if self.retired is not None else set()
+        keys = self.prompt_keys() if excluded and self.prompt_keys is not None else None
+        eligible = eligible_indices(keys, excluded, self.num_samples)
+        if not eligible:
+            raise RuntimeError(
+                f"Every one of the {self.num_samples} training prompts has been retired by no-positive-resampling "
+                "(positive_resampling_threshold): there is nothing left to sample. Use more prompts, a higher "
+                "threshold, or fewer epochs."
+            )
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        order: list[int] = []
+        while len(order) < needed:
+            if self.shuffle:
+                order.extend(eligible[i] for i in torch.randperm(len(eligible), generator=generator).tolist())
+            else:
+                order.extend(eligible)
+        return order[:needed]
+
+    def __iter__(self) -> Iterator[int]:
+        order = self.epoch_order()
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            for _ in range(self.repeat_count):
+                for index in chunk:
+                    for _ in range(self.mini_repeat_count):
+                        yield index
+
+    def __len__(self) -> int:
+        return (self.num_samples // self.batch_size) * self.batch_size * self.mini_repeat_count * self.repeat_count
+
+
+class PromptStream:
+    """A seeded, resumable stream of dataset indices for the extra prompts of dynamic sampling.
+
+    Each pass is a permutation of the prompts not retired when the pass begins (seeded by ``seed`` and the pass
+    number); ``take(n)`` hands out the next ``n`` indices, starting a new pass when one runs out. Its whole state
+    (pass number and the rest of the current pass) goes into checkpoints.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        seed: int,
+        retired: RetiredPrompts | None = None,
+        prompt_keys: Callable[[], Sequence[str]] | None = None,
+    ) -> None:
+        if num_samples < 1:
+            raise ValueError("Dynamic sampling needs a non-empty training dataset.")
+        self.num_samples = num_samples
+        self.seed = seed
+        self.retired = retired
+        self.prompt_keys = prompt_keys
+        self.passes = 0
+        self.remaining: list[int] = []
+
+    def _new_pass(self) -> None:
+        excluded = set(self.retired.epoch_of) if self.retired is not None else set()
+        keys = self.prompt_keys() if excluded and self.prompt_keys is not None else None
+        eligible = eligible_indices(keys, excluded, self.num_samples)
+        if not eligible:
+            raise RuntimeError(
+                "Every training prompt has been retired by no-positive-resampling: dynamic sampling has no prompt "
+                "left to draw."
+            )
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + 7919 * (self.passes + 1))  # streams of different passes do not overlap
+        self.remaining = [eligible[i] for i in torch.randperm(len(eligible), generator=generator).tolist()]
+        self.passes += 1
+
+    def take(self, count: int) -> list[int]:
+        taken: list[int] = []
+        while len(taken) < count:
+            if not self.remaining:
+                self._new_pass()
+            step = min(count - len(taken), len(self.remaining))
+            taken.extend(self.remaining[:step])
+            self.remaining = self.remaining[step:]
+        return taken
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"passes": self.passes, "remaining": list(self.remaining)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.passes = int(state["passes"])
+        self.remaining = [int(i) for i in state["remaining"]]
