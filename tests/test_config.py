@@ -49,7 +49,8 @@ def test_dapo_overlong_cache_defaults_to_20_percent_of_max_length():
 def test_dppo_kl_takes_its_own_default_threshold():
     from trl_reasoning.losses import DPPO_DEFAULT_THRESHOLDS
 
-    assert DPPO_DEFAULT_THRESHOLDS == {"binary_tv": 0.15, "binary_kl": 0.05}
+    assert DPPO_DEFAULT_THRESHOLDS["binary_tv"] == 0.15
+    assert DPPO_DEFAULT_THRESHOLDS["binary_kl"] == 0.05
     assert make(tr.DPPOConfig, dppo_divergence="binary_kl").dppo_divergence == "binary_kl"
 
 

@@ -26,7 +26,14 @@ def test_every_override_is_listed():
         for name, value in vars(seam.ReasoningTrainer).items()
         if callable(value) and name.startswith("_") and not name.startswith("__") and hasattr(GRPOTrainer, name)
     }
-    assert overridden == {"_calculate_rewards", "_generate_and_score_completions", "_compute_loss"}
+    assert overridden == {
+        "_calculate_rewards",
+        "_generate_and_score_completions",
+        "_compute_loss",
+        "_get_train_sampler",
+        "_save_checkpoint",
+        "_load_optimizer_and_scheduler",
+    }
     assert overridden <= set(seam.TRL_PRIVATE_API)
 
 

@@ -1,4 +1,4 @@
-"""trl-reasoning: DAPO, CISPO, DPPO, MaxRL, RLOO and Dr. GRPO as drop-in TRL trainers.
+"""trl-reasoning: DAPO, CISPO, DPPO, MaxRL, RLOO, Dr. GRPO and ScaleRL as drop-in TRL trainers.
 
 Swap ``GRPOTrainer``/``GRPOConfig`` for ``DAPOTrainer``/``DAPOConfig`` (or another preset) and keep the rest.
 """
@@ -13,7 +13,14 @@ from .losses import compute_policy_loss
 from .maxrl import MaxRLConfig, MaxRLTrainer
 from .rewards import RewardFunctionError, overlong_penalty
 from .rloo import RLOOConfig, RLOOTrainer
-from .trainer import ReasoningConfig, ReasoningTrainer, TRLCompatibilityError, warn_if_trl_unsupported
+from .scalerl import ScaleRLConfig, ScaleRLTrainer
+from .trainer import (
+    DynamicSamplingWarning,
+    ReasoningConfig,
+    ReasoningTrainer,
+    TRLCompatibilityError,
+    warn_if_trl_unsupported,
+)
 
 __version__ = "0.1.0"
 
@@ -28,12 +35,15 @@ __all__ = [
     "DPPOTrainer",
     "DrGRPOConfig",
     "DrGRPOTrainer",
+    "DynamicSamplingWarning",
     "MaxRLConfig",
     "MaxRLTrainer",
     "RLOOConfig",
     "RLOOTrainer",
     "ReasoningConfig",
     "ReasoningTrainer",
+    "ScaleRLConfig",
+    "ScaleRLTrainer",
     "RewardFunctionError",
     "TRLCompatibilityError",
     "aggregate_loss",

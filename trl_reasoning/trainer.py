@@ -21,12 +21,16 @@ How a step works, on top of TRL's ``GRPOTrainer``:
 from __future__ import annotations
 
 import inspect
+import json
 import logging
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from accelerate.utils import gather_object
+from datasets import IterableDataset
 from packaging.version import Version
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
@@ -40,6 +44,15 @@ from .rewards import (
     non_binary_reward_functions,
     overlong_penalty,
     wrap_reward_function,
+)
+from .sampling import (
+    EpochRepeatSampler,
+    PromptStream,
+    RetiredPrompts,
+    group_pass_rates,
+    informative_groups,
+    prompt_key,
+    select_groups,
 )
 
 logger = logging.getLogger(__name__)
@@ -55,10 +68,14 @@ TRL_PRIVATE_API: dict[str, tuple[str, ...]] = {
     "_calculate_rewards": ("inputs", "prompts", "completions", "completion_ids_list"),
     "_generate_and_score_completions": ("inputs",),
     "_compute_loss": ("model", "inputs"),
+    "_get_train_sampler": ("dataset",),
+    "_save_checkpoint": ("model", "trial"),
+    "_load_optimizer_and_scheduler": ("checkpoint",),
     # called from the overrides
     "_get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"),
     "get_high_entropy_mask": ("entropies", "mask", "threshold"),
     "get_off_policy_mask": ("advantages", "per_token_logps", "sampling_per_token_logps", "mask"),
+    "_get_output_dir": ("trial",),
 }
 
 #: ``GRPOTrainer`` instance attributes read by the overrides (set in TRL's ``__init__``).
@@ -85,6 +102,9 @@ TRL_INSTANCE_ATTRIBUTES = (
     "reward_funcs",
     "reward_func_names",
     "reward_weights",
+    "_tokenizer",
+    "shuffle_dataset",
+    "num_iterations",
 )
 
 
@@ -188,6 +208,24 @@ class ReasoningConfig(GRPOConfig):
             tokens get a penalty falling linearly to −1 at `max_completion_length`. `None` turns it off; `"auto"` uses
             20% of `max_completion_length` (the DAPO paper's 4096 of 20480).
 
+        > Parameters of sampling
+
+        dynamic_sampling (`bool`, *optional*, defaults to `False`):
+            DAPO's dynamic sampling (training only): groups whose task rewards (before shaping) are all equal are
+            dropped, and fresh prompts from the training dataset are generated and scored until the generation
+            batch holds `generation_batch_size / num_generations` informative groups, or `max_num_gen_batches`
+            rounds have run. When rounds run out the step trains on the groups it has (the missing ones are filled
+            with dropped groups whose loss weight is 0), with a warning and the `sampling/round_cap_hit` metric.
+        max_num_gen_batches (`int`, *optional*, defaults to `10`):
+            The most generation rounds (the dataloader's batch included) dynamic sampling runs for one batch.
+        zero_variance_filtering (`bool`, *optional*, defaults to `False`):
+            ScaleRL's zero-variance filtering: groups whose task rewards are all equal get loss weight 0 and the
+            loss normalizers count only the other groups. Nothing is regenerated.
+        positive_resampling_threshold (`float` or `None`, *optional*, defaults to `None`):
+            ScaleRL's no-positive-resampling: a prompt whose group pass rate (share of completions with task reward
+            `> 0`) reaches this threshold is not sampled again in later epochs (ScaleRL: 0.9). The retired prompts
+            are saved in checkpoints. `None` turns it off.
+
         > Parameters of DPPO
 
         dppo_divergence (`str`, *optional*, defaults to `"binary_tv"`):
@@ -250,6 +288,28 @@ class ReasoningConfig(GRPOConfig):
         metadata={
             "help": "DAPO overlong shaping: the length of the penalty ramp before max_completion_length, in tokens. "
             "None = off; 'auto' = 20% of max_completion_length.",
+        },
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO dynamic sampling: drop groups with all-equal rewards and generate for fresh prompts until "
+            "the batch is full of informative groups (at most `max_num_gen_batches` rounds)."
+        },
+    )
+    max_num_gen_batches: int = field(
+        default=10,
+        metadata={"help": "Dynamic sampling: the most generation rounds per batch (the first one included)."},
+    )
+    zero_variance_filtering: bool = field(
+        default=False,
+        metadata={"help": "ScaleRL: give groups with all-equal rewards loss weight 0 (without generating more)."},
+    )
+    positive_resampling_threshold: float | None = field(
+        default=None,
+        metadata={
+            "help": "ScaleRL no-positive-resampling: prompts whose group pass rate reaches this threshold are not "
+            "sampled in later epochs. None = off."
         },
     )
     dppo_divergence: str = field(
@@ -363,6 +423,18 @@ class ReasoningConfig(GRPOConfig):
                 f"delta={self.delta} (two-sided clipping) applies to policy_loss='clip' only, not "
                 f"{self.policy_loss!r}. Set delta=None."
             )
+        if isinstance(self.max_num_gen_batches, bool) or not isinstance(self.max_num_gen_batches, int):
+            raise ValueError(f"max_num_gen_batches must be an int >= 1, got {self.max_num_gen_batches!r}.")
+        if self.max_num_gen_batches < 1:
+            raise ValueError(
+                f"max_num_gen_batches must be >= 1 (the number of generation rounds dynamic sampling may run per "
+                f"batch), got {self.max_num_gen_batches}."
+            )
+        threshold = self.positive_resampling_threshold
+        if threshold is not None and not 0.0 < threshold <= 1.0:
+            raise ValueError(
+                f"positive_resampling_threshold must be in (0, 1] (a group pass rate) or None, got {threshold}."
+            )
         if self.dppo_divergence not in DPPO_DEFAULT_THRESHOLDS:
             raise ValueError(
                 f"Unknown dppo_divergence {self.dppo_divergence!r}. Allowed values: "
@@ -430,6 +502,45 @@ _FORWARD_KEYS = (
 )
 
 
+#: The file, in every checkpoint folder, that holds the sampling state (retired prompts, extra-prompt stream).
+SAMPLING_STATE_FILE = "trl_reasoning_sampling_state.json"
+
+
+class DynamicSamplingWarning(UserWarning):
+    """Dynamic sampling ran out of generation rounds before the batch was full of informative groups."""
+
+
+def _left_padded(key: str) -> bool:
+    return key.startswith("prompt_")  # TRL left-pads prompts and right-pads completions
+
+
+def _pad_value(key: str, pad_token_id: int) -> int:
+    return pad_token_id if key.endswith("_ids") else 0
+
+
+def _stack_rows(
+    batches: list[dict[str, torch.Tensor]], sources: list[tuple[int, int]], pad_token_id: int
+) -> dict[str, torch.Tensor]:
+    """Rows ``batches[b][key][i]`` for ``(b, i)`` in ``sources``, stacked per key and padded to a common length
+    (left for prompts, right for completions)."""
+    stacked = {}
+    for key in batches[0]:
+        picked = [batches[b][key][i] for b, i in sources]
+        if picked[0].dim() == 0:
+            stacked[key] = torch.stack(picked)
+            continue
+        length = max(row.shape[0] for row in picked)
+        value = _pad_value(key, pad_token_id)
+        padded = []
+        for row in picked:
+            pad = [0] * (2 * (row.dim() - 1)) + (
+                [length - row.shape[0], 0] if _left_padded(key) else [0, length - row.shape[0]]
+            )
+            padded.append(torch.nn.functional.pad(row, pad, value=value))
+        stacked[key] = torch.stack(padded)
+    return stacked
+
+
 class ReasoningTrainer(GRPOTrainer):
     """A [`~trl.GRPOTrainer`] whose advantage estimator, policy objective, loss aggregation and reward shaping are
     chosen by name in a [`ReasoningConfig`]. Takes exactly `GRPOTrainer`'s arguments.
@@ -464,8 +575,27 @@ class ReasoningTrainer(GRPOTrainer):
             for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
         ]
         self._scored_batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        # Sampling state (saved in checkpoints): ScaleRL's retired prompts and DAPO's extra-prompt stream.
+        self._retired_prompts = RetiredPrompts()
+        self._prompt_stream: PromptStream | None = None
+        self._prompt_keys: list[str] | None = None
+        self._train_sampler: EpochRepeatSampler | None = None
+        needs_indexing = [
+            name
+            for name, on in (
+                ("dynamic_sampling", self.args.dynamic_sampling),
+                ("positive_resampling_threshold", self.args.positive_resampling_threshold is not None),
+            )
+            if on
+        ]
+        if needs_indexing and isinstance(self.train_dataset, IterableDataset):
+            raise ValueError(
+                f"{' and '.join(needs_indexing)} need a map-style training dataset (datasets.Dataset): extra prompts "
+                "and retired prompts are looked up by index, which an IterableDataset does not support. Convert it "
+                "with Dataset.from_generator / .take(n), or turn the option off."
+            )
 
-    # ------------------------------------------------------------------ TRL private override 1 of 3
+    # ------------------------------------------------------------------ TRL private override 1 of 6
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         check_reward_columns(rewards_per_func, self.reward_func_names)
@@ -474,8 +604,26 @@ class ReasoningTrainer(GRPOTrainer):
         self._scored_batch = (rewards_per_func, self.accelerator.gather(lengths))
         return rewards_per_func
 
-    # ------------------------------------------------------------------ TRL private override 2 of 3
+    # ------------------------------------------------------------------ TRL private override 2 of 6
     def _generate_and_score_completions(self, inputs):
+        mode = "train" if self.model.training else "eval"
+        if mode == "train" and self.args.dynamic_sampling:
+            return self._dynamic_sampling_batch(inputs)
+        output, rewards, task_rewards = self._score_round(inputs, mode)
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        active = None
+        if mode == "train":
+            informative = informative_groups(task_rewards, num_generations)
+            self._retire_passing_prompts(inputs, task_rewards)
+            if self.args.zero_variance_filtering:
+                active = informative
+            self._log_sampling_metrics(1, informative, active if active is not None else torch.ones_like(informative))
+        self._finalize_batch(output, rewards, active, mode, self._local_rows(output["advantages"].shape[0]))
+        return output
+
+    def _score_round(self, inputs, mode: str) -> tuple[dict, torch.Tensor, torch.Tensor]:
+        """TRL's generation and scoring of ``inputs`` (local rows), then this trainer's reward shaping. Returns TRL's
+        output and, for the gathered batch, the shaped rewards and the task rewards (before shaping)."""
         self._scored_batch = None
         output = super()._generate_and_score_completions(inputs)
         if self._scored_batch is None:
@@ -485,46 +633,252 @@ class ReasoningTrainer(GRPOTrainer):
             )
         rewards_per_func, lengths = self._scored_batch
         self._scored_batch = None
-        mode = "train" if self.model.training else "eval"
-        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        local_size = output["advantages"].shape[0]
-        local_rows = slice(
-            self.accelerator.process_index * local_size, (self.accelerator.process_index + 1) * local_size
-        )
+        # TRL logged its advantages for the completions table; _finalize_batch logs the ones this trainer trains on.
+        logged = self._logs["advantages"]
+        for _ in range(min(len(logged), rewards_per_func.shape[0])):
+            logged.pop()
+        task_rewards = self._combined_rewards(rewards_per_func)
+        rewards = self._shaped_rewards(task_rewards, rewards_per_func, lengths, output, mode)
+        return output, rewards, task_rewards
 
-        rewards = self._shaped_rewards(rewards_per_func, lengths, output, mode)
+    def _local_rows(self, local_size: int) -> slice:
+        start = self.accelerator.process_index * local_size
+        return slice(start, start + local_size)
+
+    def _finalize_batch(self, output, rewards, active_groups, mode: str, local_rows: slice) -> None:
+        """Advantages and loss weights of the gathered batch, fixed on its active groups (all groups when
+        ``active_groups`` is ``None``); the rows of this process go into ``output``."""
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         estimator_kwargs = {}
         if self.args.advantage_estimator == "maxrl":
             estimator_kwargs["reward_threshold"] = self.args.maxrl_reward_threshold
-        advantages = compute_advantages(rewards, num_generations, self.args.advantage_estimator, **estimator_kwargs)
-        output["advantages"] = advantages[local_rows]
-
         loss_mask = (
             output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
         )
         token_counts = self.accelerator.gather(loss_mask.sum(dim=1).float())
-        weights = completion_weights(
-            token_counts, self.args.loss_aggregation, num_generations, self.args.max_completion_length
-        )
+
+        if active_groups is None:
+            advantages = compute_advantages(
+                rewards, num_generations, self.args.advantage_estimator, **estimator_kwargs
+            )
+            weights = completion_weights(
+                token_counts, self.args.loss_aggregation, num_generations, self.args.max_completion_length
+            )
+        else:
+            # Inactive groups train nothing: zero advantage and weight, and the normalizers see only active groups.
+            active_rows = active_groups.to(rewards.device).repeat_interleave(num_generations)
+            advantages = torch.zeros_like(rewards)
+            weights = torch.zeros_like(token_counts)
+            if bool(active_rows.any()):
+                advantages[active_rows] = compute_advantages(
+                    rewards[active_rows], num_generations, self.args.advantage_estimator, **estimator_kwargs
+                )
+                weights[active_rows] = completion_weights(
+                    token_counts[active_rows],
+                    self.args.loss_aggregation,
+                    num_generations,
+                    self.args.max_completion_length,
+                )
+            output["row_active"] = active_rows[local_rows].to(loss_mask.dtype)
+        output["advantages"] = advantages[local_rows]
         output["loss_weights"] = weights[local_rows]
 
-        # TRL logged its own advantages for the completions table; log the ones this trainer trains on.
-        logged = self._logs["advantages"]
-        for _ in range(min(len(logged), advantages.numel())):
-            logged.pop()
-        logged.extend(advantages.tolist())
+        self._logs["advantages"].extend(advantages.tolist())
         self._metrics[mode]["advantages/mean"].append(advantages.mean().item())
         self._metrics[mode]["advantages/abs_mean"].append(advantages.abs().mean().item())
+
+    # ------------------------------------------------------------------ sampling: DAPO and ScaleRL
+    def _dynamic_sampling_batch(self, inputs):
+        """DAPO's dynamic sampling: generation rounds until the batch holds its number of informative groups.
+
+        Every decision is taken on gathered rewards, so all processes run the same rounds and end with the same
+        number of rows; the chosen groups are regrouped across processes (gather, then each takes its slice).
+        """
+        args = self.args
+        num_generations = self.num_generations
+        local_size = len(inputs)
+        target = local_size * self.accelerator.num_processes // num_generations
+        rounds: list[tuple[dict, torch.Tensor, torch.Tensor]] = []
+        round_inputs = inputs
+        num_informative = 0
+        for round_index in range(args.max_num_gen_batches):
+            if round_index > 0:
+                round_inputs = self._extra_round_inputs(local_size, template=inputs[0])
+            output, rewards, task_rewards = self._score_round(round_inputs, "train")
+            informative = informative_groups(task_rewards, num_generations)
+            self._retire_passing_prompts(round_inputs, task_rewards)
+            rounds.append((self._gather_rows(output, local_size), rewards, informative))
+            num_informative += int(informative.sum())
+            if num_informative >= target:
+                break
+
+        flags = torch.cat([informative for _, _, informative in rounds])
+        chosen, active = select_groups(flags.tolist(), target)
+        round_of_group = [r for r, (_, _, informative) in enumerate(rounds) for _ in range(informative.numel())]
+        first_group = [sum(rounds[i][2].numel() for i in range(r)) for r in range(len(rounds))]
+        row_sources = [
+            (round_of_group[g], (g - first_group[round_of_group[g]]) * num_generations + j)
+            for g in chosen
+            for j in range(num_generations)
+        ]
+        batch = _stack_rows([rows for rows, _, _ in rounds], row_sources, self._tokenizer.pad_token_id)
+        rewards = torch.stack([rounds[r][1][i] for r, i in row_sources])
+
+        cap_hit = num_informative < target
+        if cap_hit:
+            warnings.warn(
+                f"Dynamic sampling found {num_informative} informative groups (rewards not all equal) in "
+                f"max_num_gen_batches={args.max_num_gen_batches} generation rounds, fewer than the {target} this batch "
+                "needs. The step trains on those; the missing groups are fillers with loss weight 0. Raise "
+                "max_num_gen_batches, or check that the reward can tell completions apart.",
+                DynamicSamplingWarning,
+                stacklevel=2,
+            )
+        local_rows = self._local_rows(local_size)
+        output = {key: value[local_rows] for key, value in batch.items()}
+        loss_mask = (
+            output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
+        )
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        active_groups = torch.tensor(active, dtype=torch.bool, device=rewards.device)
+        self._log_sampling_metrics(len(rounds), flags, active_groups, cap_hit=cap_hit)
+        self._finalize_batch(output, rewards, active_groups, "train", local_rows)
         return output
 
-    def _shaped_rewards(self, rewards_per_func, lengths, output, mode) -> torch.Tensor:
-        """The combined reward of every completion of the gathered batch (``NaN`` = unscorable), with the
-        configured shaping (MaxRL binary check, DAPO overlong penalty, RLOO KL penalty)."""
+    def _gather_rows(self, output: dict, local_size: int) -> dict[str, torch.Tensor]:
+        """Every per-row tensor of a TRL output, gathered from all processes (padded to a common length)."""
+        rows = {}
+        for key, value in output.items():
+            if key == "num_items_in_batch":
+                continue
+            if not (isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == local_size):
+                raise ValueError(
+                    f"dynamic_sampling cannot regroup the generation output {key!r} (multimodal and other non "
+                    "per-row inputs are not supported with dynamic sampling). Set dynamic_sampling=False."
+                )
+            if value.dim() >= 2:
+                value = self.accelerator.pad_across_processes(
+                    value, dim=1, pad_index=_pad_value(key, self._tokenizer.pad_token_id), pad_first=_left_padded(key)
+                )
+            rows[key] = self.accelerator.gather(value)
+        return rows
+
+    def _extra_round_inputs(self, local_size: int, template: dict) -> list[dict]:
+        """This process's rows of a fresh generation round: prompts from the seeded stream, each repeated
+        ``num_generations`` times, laid out across processes as TRL's sampler does."""
+        stream = self._extra_prompt_stream()
+        num_prompts = local_size * self.accelerator.num_processes // self.num_generations
+        indices = [i for i in stream.take(num_prompts) for _ in range(self.num_generations)]
+        columns = set(template)
+        rows = []
+        for index in indices[self._local_rows(local_size)]:
+            row = self.train_dataset[index]
+            rows.append({key: value for key, value in row.items() if key in columns})
+        return rows
+
+    def _extra_prompt_stream(self) -> PromptStream:
+        if self._prompt_stream is None:
+            self._prompt_stream = PromptStream(
+                len(self.train_dataset), self.args.seed, self._retired_prompts, self._dataset_prompt_keys
+            )
+        return self._prompt_stream
+
+    def _dataset_prompt_keys(self) -> list[str]:
+        if self._prompt_keys is None:
+            if "prompt" not in self.train_dataset.column_names:
+                raise ValueError(
+                    "positive_resampling_threshold identifies prompts by the training dataset's 'prompt' column, "
+                    "which it does not have."
+                )
+            self._prompt_keys = [prompt_key(prompt) for prompt in self.train_dataset["prompt"]]
+        return self._prompt_keys
+
+    def _retire_passing_prompts(self, inputs, task_rewards) -> None:
+        """ScaleRL's no-positive-resampling: retire the prompts whose group pass rate reached the threshold."""
+        threshold = self.args.positive_resampling_threshold
+        if threshold is None:
+            return
+        keys = gather_object([prompt_key(row.get("prompt")) for row in inputs])
+        rates = group_pass_rates(task_rewards, self.num_generations)
+        epoch = self._train_sampler.epoch if self._train_sampler is not None else int(self.state.epoch or 0)
+        for group, rate in enumerate(rates.tolist()):
+            if rate >= threshold:
+                self._retired_prompts.retire(keys[group * self.num_generations], epoch)
+
+    def _log_sampling_metrics(self, rounds: int, informative, active, cap_hit: bool = False) -> None:
+        metrics = self._metrics["train"]
+        args = self.args
+        if args.dynamic_sampling:
+            metrics["sampling/generation_rounds"].append(float(rounds))
+            metrics["sampling/round_cap_hit"].append(float(cap_hit))
+        if args.dynamic_sampling or args.zero_variance_filtering:
+            metrics["sampling/groups_generated"].append(float(informative.numel()))
+            metrics["sampling/groups_kept"].append(float(active.sum()))
+        metrics["sampling/zero_variance_frac"].append(1.0 - informative.float().mean().item())
+        if args.positive_resampling_threshold is not None:
+            metrics["sampling/retired_prompts"].append(float(len(self._retired_prompts)))
+
+    # ------------------------------------------------------------------ TRL private override 4 of 6
+    def _get_train_sampler(self, dataset=None):
+        """TRL's ``RepeatSampler`` order (epoch 0 is the same permutation), made a function of the epoch so that a
+        resumed run sees the same prompts, and skipping retired prompts (see ``EpochRepeatSampler``)."""
+        if dataset is None:
+            dataset = self.train_dataset
+        self._train_sampler = EpochRepeatSampler(
+            num_samples=len(dataset),
+            mini_repeat_count=self.num_generations,
+            batch_size=self.args.generation_batch_size // self.num_generations,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            shuffle=self.shuffle_dataset,
+            seed=self.args.seed,
+            retired=self._retired_prompts,
+            prompt_keys=self._dataset_prompt_keys,
+        )
+        return self._train_sampler
+
+    # ------------------------------------------------------------------ TRL private overrides 5 and 6 of 6
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            with open(os.path.join(folder, SAMPLING_STATE_FILE), "w") as f:
+                json.dump(self.sampling_state_dict(), f)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            path = os.path.join(checkpoint, SAMPLING_STATE_FILE)
+            if os.path.exists(path):
+                with open(path) as f:
+                    self.load_sampling_state_dict(json.load(f))
+
+    def sampling_state_dict(self) -> dict[str, Any]:
+        """The sampling state a checkpoint keeps: retired prompts and the dynamic-sampling prompt stream."""
+        return {
+            "retired_prompts": self._retired_prompts.state_dict(),
+            "prompt_stream": None if self._prompt_stream is None else self._prompt_stream.state_dict(),
+        }
+
+    def load_sampling_state_dict(self, state: dict[str, Any]) -> None:
+        self._retired_prompts.load_state_dict(state["retired_prompts"])
+        if state.get("prompt_stream") is not None:
+            self._extra_prompt_stream().load_state_dict(state["prompt_stream"])
+
+    def _combined_rewards(self, rewards_per_func) -> torch.Tensor:
+        """The weighted sum of the reward functions for every completion of the gathered batch (``NaN`` =
+        unscorable: no function scored it), as TRL's ``multi_objective_aggregation="sum_then_normalize"``."""
+        weights = self.reward_weights.to(rewards_per_func.device)
+        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        return rewards
+
+    def _shaped_rewards(self, task_rewards, rewards_per_func, lengths, output, mode) -> torch.Tensor:
+        """``task_rewards`` with the configured shaping (MaxRL binary check, DAPO overlong penalty, RLOO KL
+        penalty)."""
         args = self.args
         weights = self.reward_weights.to(rewards_per_func.device)
-        unscorable = torch.isnan(rewards_per_func).all(dim=1)
-        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
-        rewards[unscorable] = torch.nan
+        unscorable = torch.isnan(task_rewards)
+        rewards = task_rewards.clone()
 
         if args.advantage_estimator == "maxrl" and args.maxrl_reward_threshold is None:
             offenders = non_binary_reward_functions(rewards_per_func, self.reward_func_names)
@@ -584,7 +938,7 @@ class ReasoningTrainer(GRPOTrainer):
             )
         return logps
 
-    # ------------------------------------------------------------------ TRL private override 3 of 3
+    # ------------------------------------------------------------------ TRL private override 3 of 6
     def _compute_loss(self, model, inputs):
         args = self.args
         mode = "train" if self.model.training else "eval"
@@ -592,6 +946,10 @@ class ReasoningTrainer(GRPOTrainer):
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        if (
+            "row_active" in inputs
+        ):  # groups dropped by zero-variance filtering or dynamic sampling: no loss, no metrics
+            mask = mask * inputs["row_active"].unsqueeze(1)
 
         per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
             model,

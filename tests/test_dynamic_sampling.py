@@ -1,0 +1,334 @@
+"""DAPO dynamic sampling, ScaleRL zero-variance filtering and no-positive-resampling, on the tiny model.
+
+The reward makes a known share of groups uninformative: prompts marked "fixed" always score 1.0 (every group of
+theirs has zero variance), the others score a hash of the completion (their groups are mixed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import cpu_args
+from datasets import Dataset
+from transformers import TrainerCallback
+
+import trl_reasoning as tr
+from trl_reasoning.sampling import informative_groups
+from trl_reasoning.trainer import SAMPLING_STATE_FILE
+
+pytestmark = pytest.mark.slow
+
+
+def flagged_prompts(num_fixed: int, num_open: int) -> Dataset:
+    rows = [f"fixed {i}" for i in range(num_fixed)] + [f"open {i}" for i in range(num_open)]
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": text}]} for text in rows])
+
+
+def _text(message) -> str:
+    return message[-1]["content"] if isinstance(message, list) else message
+
+
+def flagged_reward(prompts, completions, **kwargs) -> list[float]:
+    """1.0 for a "fixed" prompt; otherwise a value that differs between different completions."""
+    return [
+        1.0 if _text(p).startswith("fixed") else (sum(map(ord, _text(c))) % 11) / 10.0
+        for p, c in zip(prompts, completions)
+    ]
+
+
+def sparse_reward(prompts, completions, **kwargs) -> list[float]:
+    """1.0 for a "fixed" prompt (pass rate 1); otherwise a 0/1 reward that passes about one completion in four."""
+    return [
+        1.0 if _text(p).startswith("fixed") else float(sum(map(ord, _text(c))) % 4 == 0)
+        for p, c in zip(prompts, completions)
+    ]
+
+
+def constant_reward(completions, **kwargs) -> list[float]:
+    return [1.0] * len(completions)
+
+
+class Recorder:
+    """Wraps ``_finalize_batch`` to keep what each training batch was built from."""
+
+    def __init__(self, trainer):
+        self.batches = []
+        original = trainer._finalize_batch
+
+        def finalize(output, rewards, active_groups, mode, local_rows):
+            original(output, rewards, active_groups, mode, local_rows)
+            if mode == "train":
+                self.batches.append(
+                    {
+                        "rewards": rewards.clone(),
+                        "active": None if active_groups is None else active_groups.clone(),
+                        "weights": output["loss_weights"].clone(),
+                        "advantages": output["advantages"].clone(),
+                    }
+                )
+
+        trainer._finalize_batch = finalize
+
+
+def _metric(trainer, name):
+    return [entry[name] for entry in trainer.state.log_history if name in entry]
+
+
+def _build(model_path, dataset, reward, config_class=tr.DAPOConfig, trainer_class=tr.DAPOTrainer, **overrides):
+    args = config_class(**cpu_args(**overrides))
+    trainer = trainer_class(model=model_path, reward_funcs=reward, args=args, train_dataset=dataset)
+    return trainer, Recorder(trainer)
+
+
+def test_dynamic_sampling_fills_the_batch_with_informative_groups(tiny_model_path, tmp_path):
+    # 3 of 4 prompts are "fixed": a round of 2 groups rarely has 2 informative ones, so more rounds are needed.
+    trainer, recorder = _build(
+        tiny_model_path, flagged_prompts(12, 4), flagged_reward, output_dir=str(tmp_path), max_steps=3
+    )
+    assert trainer.args.dynamic_sampling  # DAPO's default
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+
+    assert len(recorder.batches) == 3
+    for batch in recorder.batches:
+        assert batch["active"].all()  # exactly full: every chosen group is a real one
+        assert informative_groups(batch["rewards"], 4).all()  # every kept group has mixed rewards
+        assert batch["rewards"].numel() == 8
+        assert batch["weights"].sum() > 0
+    rounds = _metric(trainer, "sampling/generation_rounds")
+    assert len(rounds) == 3 and max(rounds) > 1
+    assert all(0 < f < 1 for f in _metric(trainer, "sampling/zero_variance_frac"))
+    assert _metric(trainer, "sampling/round_cap_hit") == [0.0, 0.0, 0.0]
+    generated, kept = _metric(trainer, "sampling/groups_generated"), _metric(trainer, "sampling/groups_kept")
+    assert kept == [2.0, 2.0, 2.0] and all(g >= k for g, k in zip(generated, kept))
+    losses = _metric(trainer, "loss")
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+
+def test_running_out_of_rounds_warns_and_finishes(tiny_model_path, tmp_path):
+    trainer, recorder = _build(
+        tiny_model_path, flagged_prompts(4, 0), constant_reward, output_dir=str(tmp_path), max_num_gen_batches=2
+    )
+    with pytest.warns(tr.DynamicSamplingWarning, match=r"found 0 informative groups .* max_num_gen_batches=2"):
+        trainer.train()
+    assert trainer.state.global_step == 3
+    assert _metric(trainer, "sampling/round_cap_hit") == [1.0, 1.0, 1.0]
+    assert _metric(trainer, "sampling/generation_rounds") == [2.0, 2.0, 2.0]
+    for batch in recorder.batches:
+        assert not batch["active"].any()
+        assert torch.all(batch["weights"] == 0) and torch.all(batch["advantages"] == 0)
+    assert all(loss == 0.0 for loss in _metric(trainer, "loss"))
+
+
+def test_partial_batch_normalizers_count_only_kept_groups(tiny_model_path, tmp_path):
+    # Only the "open" prompt can be informative: one round gives at most one informative group of the two needed.
+    trainer, recorder = _build(
+        tiny_model_path,
+        flagged_prompts(7, 1),
+        flagged_reward,
+        output_dir=str(tmp_path),
+        max_num_gen_batches=1,
+        max_steps=2,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tr.DynamicSamplingWarning)
+        trainer.train()
+    for batch in recorder.batches:
+        rows = batch["active"].repeat_interleave(4)
+        assert torch.all(batch["weights"][~rows] == 0)
+        if rows.any():  # token_mean: the kept rows' weights sum to 1 over their tokens, i.e. they alone normalize
+            assert torch.all(batch["weights"][rows] > 0)
+
+
+def test_zero_variance_filtering_drops_groups_without_generating_more(tiny_model_path, tmp_path):
+    trainer, recorder = _build(
+        tiny_model_path,
+        flagged_prompts(8, 8),
+        flagged_reward,
+        output_dir=str(tmp_path),
+        dynamic_sampling=False,
+        zero_variance_filtering=True,
+    )
+    trainer.train()
+    assert "sampling/generation_rounds" not in trainer.state.log_history[0]
+    for batch in recorder.batches:
+        informative = informative_groups(batch["rewards"], 4)
+        assert torch.equal(batch["active"], informative)
+        rows = informative.repeat_interleave(4)
+        assert torch.all(batch["weights"][~rows] == 0) and torch.all(batch["advantages"][~rows] == 0)
+
+
+def test_no_positive_resampling_retires_passing_prompts(tiny_model_path, tmp_path):
+    trainer, _ = _build(
+        tiny_model_path,
+        flagged_prompts(2, 6),
+        sparse_reward,
+        output_dir=str(tmp_path),
+        dynamic_sampling=False,
+        positive_resampling_threshold=0.9,
+        max_steps=12,  # 3 epochs of 4 steps (2 prompts a step)
+    )
+    seen = []
+    original = trainer.reward_funcs[0]
+
+    def spy(prompts, completions, **kwargs):
+        seen.append((trainer.state.epoch, sorted({_text(p) for p in prompts})))
+        return original(prompts=prompts, completions=completions, **kwargs)
+
+    trainer.reward_funcs[0] = spy
+    trainer.train()
+    retired = _metric(trainer, "sampling/retired_prompts")
+    assert retired[-1] >= 2  # the two "fixed" prompts always pass
+    assert trainer.sampling_state_dict()["retired_prompts"]["epoch_of"]
+    first = [prompts for epoch, prompts in seen if epoch < 1]
+    assert any(p.startswith("fixed") for prompts in first for p in prompts)
+    later = [prompts for epoch, prompts in seen if epoch >= 1]
+    assert later and all(not p.startswith("fixed") for prompts in later for p in prompts)
+
+
+def test_dynamic_sampling_rejects_an_iterable_dataset(tiny_model_path, tmp_path):
+    iterable = flagged_prompts(4, 4).to_iterable_dataset()
+    with pytest.raises(ValueError, match="dynamic_sampling need a map-style training dataset"):
+        _build(tiny_model_path, iterable, flagged_reward, output_dir=str(tmp_path))
+
+
+class StopAt(TrainerCallback):
+    """Saves a checkpoint and stops at ``step``, as an interrupted job would (same max_steps, so the same schedule)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_save = True
+            control.should_training_stop = True
+
+
+def _run_with_checkpoints(model_path, output_dir, stop_at=None, resume=None):
+    overrides = dict(output_dir=str(output_dir), max_steps=8, positive_resampling_threshold=0.9)
+    trainer, _ = _build(model_path, flagged_prompts(4, 4), sparse_reward, **overrides)
+    if stop_at is not None:
+        trainer.add_callback(StopAt(stop_at))
+    seen = []
+    original = trainer.reward_funcs[0]
+
+    def spy(prompts, completions, **kwargs):
+        seen.append((trainer.state.global_step, [_text(p) for p in prompts]))
+        return original(prompts=prompts, completions=completions, **kwargs)
+
+    trainer.reward_funcs[0] = spy
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer, seen
+
+
+def test_resume_restores_retired_prompts_and_the_prompt_streams(tiny_model_path, tmp_path):
+    # 8 prompts, 2 per batch: 4 steps an epoch; the checkpoint at step 5 is inside epoch 2, after retirements, and
+    # dynamic sampling has drawn extra prompts from its stream.
+    full, full_seen = _run_with_checkpoints(tiny_model_path, tmp_path / "full")
+    first, _ = _run_with_checkpoints(tiny_model_path, tmp_path / "split", stop_at=5)
+    checkpoint = tmp_path / "split" / "checkpoint-5"
+    state = json.loads((checkpoint / SAMPLING_STATE_FILE).read_text())
+    assert state == first.sampling_state_dict()
+    assert len(state["retired_prompts"]["epoch_of"]) >= 1
+    assert state["prompt_stream"] is not None
+
+    resumed, resumed_seen = _run_with_checkpoints(tiny_model_path, tmp_path / "split", resume=str(checkpoint))
+    assert resumed.state.global_step == full.state.global_step == 8
+    assert resumed_seen == [entry for entry in full_seen if entry[0] >= 5]
+    assert resumed.sampling_state_dict() == full.sampling_state_dict()
+    for a, b in zip(full.model.parameters(), resumed.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_scalerl_defaults_and_a_training_run(tiny_model_path, tmp_path):
+    trainer, recorder = _build(
+        tiny_model_path,
+        flagged_prompts(8, 8),
+        flagged_reward,
+        config_class=tr.ScaleRLConfig,
+        trainer_class=tr.ScaleRLTrainer,
+        output_dir=str(tmp_path),
+    )
+    args = trainer.args
+    assert (args.advantage_estimator, args.policy_loss, args.loss_aggregation) == ("batch", "cispo", "prompt_mean")
+    assert args.epsilon_high == 5.0 and args.beta == 0.0
+    assert args.zero_variance_filtering and args.positive_resampling_threshold == 0.9
+    assert args.cast_lm_head_to_fp32 and not args.dynamic_sampling
+    assert trainer.model.lm_head.weight.dtype == torch.float32
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert all(torch.isfinite(torch.tensor(_metric(trainer, "loss"))))
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert all(batch["active"] is not None for batch in recorder.batches)
+
+
+def test_scalerl_loss_equals_the_formula_on_a_fixed_batch(tiny_model_path, tmp_path):
+    """ScaleRL's loss on one batch: batch-normalized advantages over the kept groups, CISPO per token, prompt_mean
+    weights; recomputed here in float64 from the batch's rewards and log-probabilities."""
+    trainer, recorder = _build(
+        tiny_model_path,
+        flagged_prompts(8, 8),
+        flagged_reward,
+        config_class=tr.ScaleRLConfig,
+        trainer_class=tr.ScaleRLTrainer,
+        output_dir=str(tmp_path),
+        positive_resampling_threshold=None,
+    )
+    dataset = flagged_prompts(2, 2)
+    batch = [dataset[i] for i in (0, 2) for _ in range(4)]  # one fixed (zero-variance) group, one open group
+    trainer.model.train()
+    torch.manual_seed(7)
+    inputs = trainer._generate_and_score_completions(batch)
+    rewards = recorder.batches[0]["rewards"].double()
+    assert rewards[:4].tolist() == [1.0] * 4 and len(set(rewards[4:].tolist())) > 1
+    assert inputs["row_active"].tolist() == [0] * 4 + [1] * 4
+
+    # Independent float64 formula.
+    open_rewards = rewards[4:]
+    centred = open_rewards - open_rewards.mean()
+    advantages = torch.cat([torch.zeros(4, dtype=torch.float64), centred / (centred.std() + 1e-4)])
+    torch.testing.assert_close(inputs["advantages"].double(), advantages, rtol=1e-5, atol=1e-6)
+
+    mask = inputs["completion_mask"].double()
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    with torch.no_grad():
+        logits = trainer.model(input_ids=input_ids, attention_mask=attention).logits.double()
+    t = inputs["completion_ids"].shape[1]
+    logits = logits[:, -t - 1 : -1] / trainer.args.temperature
+    logps = torch.log_softmax(logits, dim=-1).gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    # On-policy: ratio 1 (below the cap c = 5), so the CISPO term per token is -A * log pi; prompt_mean weights
+    # are 1 / (P * tokens of the prompt's group), P = number of kept prompts.
+    per_token = -advantages.unsqueeze(1) * logps
+    active = torch.tensor([0.0] * 4 + [1.0] * 4, dtype=torch.float64)
+    group_tokens = (mask[4:]).sum()
+    weights = active / (1 * group_tokens)
+    expected = (weights.unsqueeze(1) * per_token * mask * active.unsqueeze(1)).sum()
+
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train; this calls the loss directly
+    loss = trainer._compute_loss(trainer.model, inputs)
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_two_processes_make_the_same_decisions(tiny_model_path, tmp_path):
+    worker = Path(__file__).with_name("dynamic_sampling_worker.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29523"]
+    command += [str(worker), tiny_model_path, str(tmp_path)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert reports[0]["decisions"] == reports[1]["decisions"]
+    assert reports[0]["parameter_checksum"] == pytest.approx(reports[1]["parameter_checksum"], rel=0, abs=0)
+    assert reports[0]["rows"] == reports[1]["rows"]
+    assert reports[0]["steps"] == 2
+    # The reward keeps different numbers of groups on the two ranks' halves of the first round.
+    assert any(r > 1 for r in reports[0]["rounds"])

@@ -1,0 +1,53 @@
+"""ScaleRL: the recipe of "The Art of Scaling Reinforcement Learning Compute for LLMs" (Khatri et al., arXiv
+2510.13786).
+
+advantage ``batch`` (group-centred, batch-level std) · objective ``cispo`` with cap ``c = 5.0`` · aggregation
+``prompt_mean`` · zero-variance filtering · no-positive-resampling at pass rate ``0.9`` · FP32 LM head ·
+``beta = 0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
+
+
+@dataclass
+class ScaleRLConfig(ReasoningConfig):
+    """[`ReasoningConfig`] with ScaleRL's defaults: `advantage_estimator="batch"`, `policy_loss="cispo"` with
+    `epsilon_high=5.0` (the absolute cap on the importance ratio), `loss_aggregation="prompt_mean"`,
+    `zero_variance_filtering=True`, `positive_resampling_threshold=0.9`, `cast_lm_head_to_fp32=True`, `beta=0.0`.
+
+    With zero-variance filtering on, the batch-level standard deviation of the `"batch"` estimator is taken over
+    the groups that train (the filtered groups have no advantage to scale).
+
+    Paper: The Art of Scaling Reinforcement Learning Compute for LLMs, arXiv 2510.13786.
+    """
+
+    advantage_estimator: str | None = preset_default("advantage_estimator", "batch")
+    policy_loss: str | None = preset_default("policy_loss", "cispo")
+    loss_aggregation: str | None = preset_default("loss_aggregation", "prompt_mean")
+    epsilon_high: float | None = preset_default("epsilon_high", 5.0)
+    zero_variance_filtering: bool = preset_default("zero_variance_filtering", True)
+    positive_resampling_threshold: float | None = preset_default("positive_resampling_threshold", 0.9)
+    cast_lm_head_to_fp32: bool = preset_default("cast_lm_head_to_fp32", True)
+
+
+class ScaleRLTrainer(ReasoningTrainer):
+    """The ScaleRL recipe on TRL's GRPO machinery; takes `GRPOTrainer`'s arguments with a [`ScaleRLConfig`]."""
+
+    config_class = ScaleRLConfig
+    _tag_names = ["trl", "trl-reasoning", "scalerl"]
+    _name = "ScaleRL"
+    _paper = {
+        "title": "The Art of Scaling Reinforcement Learning Compute for LLMs",
+        "id": "2510.13786",
+        "citation": bibtex(
+            "khatri2025scalerl",
+            "The Art of Scaling Reinforcement Learning Compute for LLMs",
+            "Devvrit Khatri and Lovish Madaan and Rishabh Tiwari and others",
+            2025,
+            "2510.13786",
+        ),
+    }
