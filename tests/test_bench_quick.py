@@ -1,0 +1,24 @@
+"""The quick mode of every bench script runs, so the scripts cannot rot (their numbers are not asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parents[1] / "bench"
+
+pytestmark = pytest.mark.slow
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dynamic_sampling_bench_quick():
+    table = _load("dynamic_sampling").main(["--quick"])
+    assert "| off |" in table and "| on |" in table
