@@ -22,3 +22,8 @@ def _load(name: str):
 def test_dynamic_sampling_bench_quick():
     table = _load("dynamic_sampling").main(["--quick"])
     assert "| off |" in table and "| on |" in table
+
+
+def test_dppo_topk_bench_quick():
+    table = _load("dppo_topk").main(["--quick"])
+    assert "| DPPO topk_tv |" in table and "| DAPO |" in table

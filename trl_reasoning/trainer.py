@@ -37,6 +37,7 @@ from trl.models.utils import disable_gradient_checkpointing
 
 from .advantages import ADVANTAGE_ESTIMATORS, GROUP_RELATIVE_ESTIMATORS, compute_advantages
 from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
+from .logits import chunked_logps, chunked_logps_from_hidden, rollout_topk, rollout_topk_from_hidden
 from .losses import DPPO_DEFAULT_THRESHOLDS, POLICY_LOSSES, compute_policy_loss
 from .rewards import (
     RewardFunctionError,
@@ -105,6 +106,7 @@ TRL_INSTANCE_ATTRIBUTES = (
     "_tokenizer",
     "shuffle_dataset",
     "num_iterations",
+    "temperature",
 )
 
 
@@ -229,7 +231,11 @@ class ReasoningConfig(GRPOConfig):
         > Parameters of DPPO
 
         dppo_divergence (`str`, *optional*, defaults to `"binary_tv"`):
-            The divergence of DPPO's trust-region mask: `"binary_tv"` or `"binary_kl"`.
+            The divergence of DPPO's trust-region mask: `"binary_tv"` or `"binary_kl"` (the sampled token against
+            the rest), or `"topk_tv"` / `"topk_kl"` (the rollout distribution's top-`dppo_topk` tokens plus a rest
+            bucket; the rollout's top-K ids and log-probs are stored at generation time).
+        dppo_topk (`int`, *optional*, defaults to `20`):
+            K of the `"topk_*"` divergences.
         dppo_threshold (`float` or `None`, *optional*, defaults to `None`):
             The mask's threshold δ; `None` takes the paper's default for the divergence (0.15 TV, 0.05 KL).
         dppo_is_cap (`float`, *optional*, defaults to `20.0`):
@@ -314,7 +320,11 @@ class ReasoningConfig(GRPOConfig):
     )
     dppo_divergence: str = field(
         default="binary_tv",
-        metadata={"help": "DPPO divergence: 'binary_tv' or 'binary_kl'."},
+        metadata={"help": "DPPO divergence: 'binary_tv', 'binary_kl', 'topk_tv' or 'topk_kl'."},
+    )
+    dppo_topk: int = field(
+        default=20,
+        metadata={"help": "DPPO: K of the 'topk_tv' / 'topk_kl' divergences (the rollout's top-K tokens + rest)."},
     )
     dppo_threshold: float | None = field(
         default=None,
@@ -439,6 +449,18 @@ class ReasoningConfig(GRPOConfig):
             raise ValueError(
                 f"Unknown dppo_divergence {self.dppo_divergence!r}. Allowed values: "
                 f"{', '.join(DPPO_DEFAULT_THRESHOLDS)}."
+            )
+        if isinstance(self.dppo_topk, bool) or not isinstance(self.dppo_topk, int) or self.dppo_topk < 1:
+            raise ValueError(f"dppo_topk must be an int >= 1, got {self.dppo_topk!r}.")
+        if (
+            self.policy_loss == "dppo"
+            and self.dppo_divergence.startswith("topk")
+            and (self.entropy_coef != 0.0 or self.use_adaptive_entropy)
+        ):
+            raise ValueError(
+                f"entropy_coef / use_adaptive_entropy need the entropy's gradient, which dppo_divergence="
+                f"{self.dppo_divergence!r}'s chunked forward does not provide. Use 'binary_tv' or 'binary_kl', or set "
+                "entropy_coef=0.0 and use_adaptive_entropy=False."
             )
         if self.dppo_threshold is not None and self.dppo_threshold < 0:
             raise ValueError(
@@ -639,6 +661,8 @@ class ReasoningTrainer(GRPOTrainer):
             logged.pop()
         task_rewards = self._combined_rewards(rewards_per_func)
         rewards = self._shaped_rewards(task_rewards, rewards_per_func, lengths, output, mode)
+        if self._uses_topk_divergence:
+            output.update(self._rollout_topk(output, mode))
         return output, rewards, task_rewards
 
     def _local_rows(self, local_size: int) -> slice:
@@ -951,15 +975,21 @@ class ReasoningTrainer(GRPOTrainer):
         ):  # groups dropped by zero-variance filtering or dynamic sampling: no loss, no metrics
             mask = mask * inputs["row_active"].unsqueeze(1)
 
-        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            completion_ids.size(1),
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-            **{key: inputs.get(key) for key in _FORWARD_KEYS},
-        )
+        topk_logps = None
+        if self._uses_topk_divergence:
+            per_token_logps, entropies, topk_logps, aux_loss = self._topk_forward(
+                model, input_ids, attention_mask, completion_ids, inputs["rollout_topk_ids"], self.aux_loss_enabled
+            )
+        else:
+            per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                completion_ids.size(1),
+                compute_entropy=True,
+                compute_aux_loss=self.aux_loss_enabled,
+                **{key: inputs.get(key) for key in _FORWARD_KEYS},
+            )
         entropy_mask = (
             self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
             if self.top_entropy_quantile < 1.0
@@ -980,7 +1010,7 @@ class ReasoningTrainer(GRPOTrainer):
             advantages,
             mask,
             stats=stats,
-            **self._policy_loss_kwargs(inputs),
+            **self._policy_loss_kwargs(inputs, topk_logps),
         )
         if self.off_policy_mask_threshold is not None:
             per_token_loss = per_token_loss * self.get_off_policy_mask(
@@ -1027,7 +1057,136 @@ class ReasoningTrainer(GRPOTrainer):
         self._log_loss_metrics(mode, mask, entropies, stats, policy_loss, per_token_kl if kl_in_loss else None)
         return loss
 
-    def _policy_loss_kwargs(self, inputs) -> dict[str, Any]:
+    # ------------------------------------------------------------------ DPPO top-K divergence
+    @property
+    def _uses_topk_divergence(self) -> bool:
+        return self.args.policy_loss == "dppo" and self.args.dppo_divergence.startswith("topk")
+
+    def _final_hidden_states(self, model, input_ids, attention_mask, num_completion_tokens, compute_aux_loss):
+        """One forward that keeps logits for the last position only. Returns the final hidden states of the positions
+        that predict the completion tokens, the LM head as ``(weight, bias, logit_scale, softcap)`` (``None`` when the
+        hidden states do not reproduce the model's logits, e.g. a PEFT adapter on the LM head or an unusual output
+        scaling), the model output (for the aux loss) and the last position's logits."""
+        kwargs = {"output_router_logits": True} if compute_aux_loss else {}
+        with self.accelerator.autocast():
+            out = model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                output_hidden_states=True,
+                logits_to_keep=1,
+                **kwargs,
+            )
+        hidden = out.hidden_states[-1]
+        head_module = self.accelerator.unwrap_model(model).get_output_embeddings()
+        text_config = self.accelerator.unwrap_model(model).config.get_text_config()
+        head = None
+        weight = getattr(head_module, "weight", None)
+        if isinstance(weight, torch.Tensor) and type(head_module) is torch.nn.Linear:
+            scale = getattr(text_config, "logit_scale", None) or 1.0
+            softcap = getattr(text_config, "final_logit_softcapping", None)
+            with torch.no_grad():
+                last = torch.nn.functional.linear(
+                    hidden[:, -1:].float(),
+                    weight.float(),
+                    None if head_module.bias is None else head_module.bias.float(),
+                )
+                last = last * scale
+                if softcap is not None:
+                    last = torch.tanh(last / softcap) * softcap
+                reference = out.logits[:, -1:].float()
+                if torch.allclose(last, reference, rtol=1e-3, atol=1e-3 * reference.abs().max().clamp(min=1).item()):
+                    head = (weight, head_module.bias, float(scale), softcap)
+        start = hidden.size(1) - num_completion_tokens - 1
+        return hidden[:, start:-1], head, out
+
+    def _completion_logits(self, model, input_ids, attention_mask, num_completion_tokens, compute_aux_loss):
+        """Fallback: the ``[B, T, V]`` logits of the positions that predict the completion tokens (one such tensor)."""
+        kwargs = {"output_router_logits": True} if compute_aux_loss else {}
+        with self.accelerator.autocast():
+            out = model(
+                input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=num_completion_tokens + 1, **kwargs
+            )
+        return out.logits[:, :-1], out
+
+    @torch.no_grad()
+    def _rollout_topk(self, output, mode: str) -> dict[str, torch.Tensor]:
+        """The rollout policy's top-``dppo_topk`` token ids and log-probs at every completion position, sampled token
+        swapped in (``[B, T, K]``), from the training model's own no-grad forward on the generation batch.
+
+        With vLLM this is the training model's distribution at generation time (``pi_old``), not vLLM's: TRL's vLLM
+        path returns only the sampled tokens' log-probs, and the two differ only by the engines' numerics, which
+        DPPO's importance weight (against vLLM's sampling log-probs) already accounts for."""
+        if any(key in output for key in _FORWARD_KEYS):
+            raise ValueError(
+                f"dppo_divergence={self.args.dppo_divergence!r} does not support multimodal inputs; use 'binary_tv' or "
+                "'binary_kl'."
+            )
+        completion_ids = output["completion_ids"]
+        input_ids = torch.cat([output["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        ids, logps = [], []
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            for start in range(0, input_ids.size(0), batch_size):
+                rows = slice(start, start + batch_size)
+                hidden, head, _ = self._final_hidden_states(
+                    self.model, input_ids[rows], attention_mask[rows], completion_ids.size(1), False
+                )
+                if head is not None:
+                    weight, bias, scale, softcap = head
+                    chunk = rollout_topk_from_hidden(
+                        hidden,
+                        weight,
+                        completion_ids[rows],
+                        k=self.args.dppo_topk,
+                        temperature=self.temperature,
+                        lm_head_bias=bias,
+                        logit_scale=scale,
+                        final_logit_softcapping=softcap,
+                    )
+                else:
+                    logits, _ = self._completion_logits(
+                        self.model, input_ids[rows], attention_mask[rows], completion_ids.size(1), False
+                    )
+                    chunk = rollout_topk(
+                        logits, completion_ids[rows], k=self.args.dppo_topk, temperature=self.temperature
+                    )
+                    del logits
+                ids.append(chunk[0])
+                logps.append(chunk[1])
+        return {"rollout_topk_ids": torch.cat(ids), "rollout_topk_logps": torch.cat(logps)}
+
+    def _topk_forward(self, model, input_ids, attention_mask, completion_ids, topk_ids, compute_aux_loss):
+        """The current policy's sampled-token log-probs (with gradient), entropies, log-probs at the stored top-K ids
+        (with gradient) and MoE aux loss, chunked over positions so no ``[B, T, V]`` tensor is built when the LM head
+        can be applied to the hidden states (otherwise one: the logits)."""
+        hidden, head, out = self._final_hidden_states(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss
+        )
+        if head is not None:
+            weight, bias, scale, softcap = head
+            logps, entropies, topk_logps = chunked_logps_from_hidden(
+                hidden,
+                weight,
+                completion_ids,
+                topk_ids,
+                temperature=self.temperature,
+                lm_head_bias=bias,
+                logit_scale=scale,
+                final_logit_softcapping=softcap,
+            )
+        else:
+            del hidden
+            logits, out = self._completion_logits(
+                model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss
+            )
+            logps, entropies, topk_logps = chunked_logps(
+                logits, completion_ids, topk_ids, temperature=self.temperature
+            )
+        aux_loss = out.aux_loss if compute_aux_loss else None
+        return logps, entropies, topk_logps, aux_loss
+
+    def _policy_loss_kwargs(self, inputs, topk_logps: torch.Tensor | None = None) -> dict[str, Any]:
         """The config values and inputs the chosen policy loss takes (matched by parameter name)."""
         args = self.args
         available = {
@@ -1038,6 +1197,8 @@ class ReasoningTrainer(GRPOTrainer):
             "divergence": args.dppo_divergence,
             "threshold": args.dppo_threshold,
             "is_cap": args.dppo_is_cap,
+            "rollout_topk_logps": inputs.get("rollout_topk_logps"),
+            "topk_logps": topk_logps,
         }
         accepted = inspect.signature(POLICY_LOSSES.get(args.policy_loss)).parameters
         return {name: value for name, value in available.items() if name in accepted}
