@@ -16,6 +16,8 @@ from .rloo import RLOOConfig, RLOOTrainer
 from .scalerl import ScaleRLConfig, ScaleRLTrainer
 from .trainer import (
     DynamicSamplingWarning,
+    NonFiniteLossError,
+    NonFiniteLossWarning,
     ReasoningConfig,
     ReasoningTrainer,
     TRLCompatibilityError,
@@ -36,6 +38,8 @@ __all__ = [
     "DrGRPOConfig",
     "DrGRPOTrainer",
     "DynamicSamplingWarning",
+    "NonFiniteLossError",
+    "NonFiniteLossWarning",
     "MaxRLConfig",
     "MaxRLTrainer",
     "RLOOConfig",

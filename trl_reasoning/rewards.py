@@ -88,12 +88,40 @@ def check_reward_columns(rewards_per_func: torch.Tensor, names: Sequence[str]) -
         )
 
 
-def wrap_reward_function(func: Callable, name: str) -> Callable:
-    """Wrap ``func`` so that an exception raised inside it is re-raised as :class:`RewardFunctionError` naming it.
+#: What a wrapped reward function does when it raises: ``"raise"`` an error naming it and the failing sample, or
+#: ``"exclude"`` the failing samples (their reward becomes ``None``, i.e. unscorable) and count them.
+REWARD_ERROR_POLICIES = ("raise", "exclude")
+
+
+def _one_sample(kwargs: dict, index: int, size: int) -> dict:
+    """The keyword arguments of a batched reward call restricted to sample ``index`` (per-sample lists sliced)."""
+    return {
+        key: [value[index]] if isinstance(value, (list, tuple)) and len(value) == size else value
+        for key, value in kwargs.items()
+    }
+
+
+def _describe_sample(kwargs: dict, index: int) -> str:
+    prompt = kwargs.get("prompts", [None] * (index + 1))[index]
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):
+        prompt = prompt[-1].get("content")
+    text = repr(prompt)
+    return f"sample {index} (prompt {text[:80] + '...' if len(text) > 80 else text})"
+
+
+def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> Callable:
+    """Wrap ``func`` so that its failures name it, and optionally exclude the samples it fails on.
+
+    When ``func`` raises on a batch, it is called again sample by sample to find the failing samples. With
+    ``on_error="raise"`` a :class:`RewardFunctionError` names the function, the first failing sample and the error.
+    With ``on_error="exclude"`` every failing sample gets ``None`` (unscorable: advantage 0, like TRL's ``None``) and
+    the count is added to ``wrapper.error_count`` (the trainer logs it as ``rewards/<name>/errors``).
 
     The wrapper keeps ``__name__`` (TRL logs rewards under it) and stays a coroutine function when ``func`` is one,
-    so TRL still runs async reward functions concurrently. It also checks the number of returned rewards.
+    so TRL still runs async reward functions concurrently. It also checks the number and type of returned rewards.
     """
+    if on_error not in REWARD_ERROR_POLICIES:
+        raise ValueError(f"Unknown on_reward_error {on_error!r}. Allowed values: {', '.join(REWARD_ERROR_POLICIES)}.")
 
     def _check(output, kwargs):
         expected = len(kwargs["completions"]) if "completions" in kwargs else None
@@ -116,8 +144,29 @@ def wrap_reward_function(func: Callable, name: str) -> Callable:
                 )
         return output
 
-    def _reraise(error: Exception):
-        raise RewardFunctionError(f"Reward function '{name}' raised {type(error).__name__}: {error}") from error
+    def _batch_size(kwargs) -> int | None:
+        completions = kwargs.get("completions")
+        return len(completions) if completions is not None else None
+
+    def _failure(error: Exception, kwargs: dict, index: int | None) -> RewardFunctionError:
+        where = f" on {_describe_sample(kwargs, index)}" if index is not None else ""
+        return RewardFunctionError(f"Reward function '{name}' raised {type(error).__name__}{where}: {error}")
+
+    def _resolve(batch_error: Exception, kwargs: dict, results: list) -> list:
+        """Per-sample outcomes (a value or an exception) -> the batch's rewards, or the error to raise."""
+        failures = [(i, r) for i, r in enumerate(results) if isinstance(r, Exception)]
+        if not failures:  # every sample passes alone: the batch call itself is at fault
+            raise _failure(batch_error, kwargs, None) from batch_error
+        if on_error == "raise":
+            index, error = failures[0]
+            raise _failure(error, kwargs, index) from error
+        wrapper.error_count += len(failures)
+        return [None if isinstance(r, Exception) else r for r in results]
+
+    def _single_value(output):
+        if output is None or isinstance(output, (str, bytes)) or not hasattr(output, "__len__") or len(output) != 1:
+            raise RewardFunctionError(f"Reward function '{name}' did not return one reward for one completion.")
+        return output[0]
 
     if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
 
@@ -127,8 +176,17 @@ def wrap_reward_function(func: Callable, name: str) -> Callable:
                 output = await func(*args, **kwargs)
             except RewardFunctionError:
                 raise
-            except Exception as error:  # noqa: BLE001 - re-raised with the function's name
-                _reraise(error)
+            except Exception as error:  # noqa: BLE001 - located sample by sample, then re-raised or excluded
+                size = _batch_size(kwargs)
+                if size is None:
+                    raise _failure(error, kwargs, None) from error
+                results = []
+                for index in range(size):
+                    try:
+                        results.append(_single_value(await func(*args, **_one_sample(kwargs, index, size))))
+                    except Exception as sample_error:  # noqa: BLE001
+                        results.append(sample_error)
+                output = _resolve(error, kwargs, results)
             return _check(output, kwargs)
 
         wrapper = async_wrapper
@@ -140,11 +198,21 @@ def wrap_reward_function(func: Callable, name: str) -> Callable:
                 output = func(*args, **kwargs)
             except RewardFunctionError:
                 raise
-            except Exception as error:  # noqa: BLE001 - re-raised with the function's name
-                _reraise(error)
+            except Exception as error:  # noqa: BLE001 - located sample by sample, then re-raised or excluded
+                size = _batch_size(kwargs)
+                if size is None:
+                    raise _failure(error, kwargs, None) from error
+                results = []
+                for index in range(size):
+                    try:
+                        results.append(_single_value(func(*args, **_one_sample(kwargs, index, size))))
+                    except Exception as sample_error:  # noqa: BLE001
+                        results.append(sample_error)
+                output = _resolve(error, kwargs, results)
             return _check(output, kwargs)
 
         wrapper = sync_wrapper
     wrapper.__name__ = name
     wrapper.__wrapped_reward_function__ = func
+    wrapper.error_count = 0
     return wrapper

@@ -20,6 +20,7 @@ How a step works, on top of TRL's ``GRPOTrainer``:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -40,6 +41,7 @@ from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
 from .logits import chunked_logps, chunked_logps_from_hidden, rollout_topk, rollout_topk_from_hidden
 from .losses import DPPO_DEFAULT_THRESHOLDS, POLICY_LOSSES, compute_policy_loss
 from .rewards import (
+    REWARD_ERROR_POLICIES,
     RewardFunctionError,
     check_reward_columns,
     non_binary_reward_functions,
@@ -228,6 +230,17 @@ class ReasoningConfig(GRPOConfig):
             `> 0`) reaches this threshold is not sampled again in later epochs (ScaleRL: 0.9). The retired prompts
             are saved in checkpoints. `None` turns it off.
 
+        > Parameters of fault handling
+
+        on_reward_error (`str`, *optional*, defaults to `"raise"`):
+            What happens when a reward function raises. `"raise"`: an error naming the function, the failing sample
+            and the exception. `"exclude"`: the samples it fails on (found by calling it again sample by sample) get
+            no reward (advantage 0, like a `None` reward) and are counted in `rewards/<name>/errors`.
+        nonfinite_loss_patience (`int`, *optional*, defaults to `3`):
+            An optimizer step whose loss is NaN or infinite is skipped (parameters and optimizer state untouched),
+            counted in `nonfinite_loss/skipped_steps` and warned about; more than this many consecutive skipped steps
+            stop training with a `NonFiniteLossError`. `0` stops at the first one.
+
         > Parameters of DPPO
 
         dppo_divergence (`str`, *optional*, defaults to `"binary_tv"`):
@@ -316,6 +329,20 @@ class ReasoningConfig(GRPOConfig):
         metadata={
             "help": "ScaleRL no-positive-resampling: prompts whose group pass rate reaches this threshold are not "
             "sampled in later epochs. None = off."
+        },
+    )
+    on_reward_error: str = field(
+        default="raise",
+        metadata={
+            "help": "When a reward function raises: 'raise' (error naming it and the sample) or 'exclude' (those "
+            "samples get no reward and are counted in rewards/<name>/errors)."
+        },
+    )
+    nonfinite_loss_patience: int = field(
+        default=3,
+        metadata={
+            "help": "Steps with a NaN/inf loss are skipped (parameters untouched); more than this many in a row stop "
+            "training with an error."
         },
     )
     dppo_divergence: str = field(
@@ -433,6 +460,13 @@ class ReasoningConfig(GRPOConfig):
                 f"delta={self.delta} (two-sided clipping) applies to policy_loss='clip' only, not "
                 f"{self.policy_loss!r}. Set delta=None."
             )
+        if self.on_reward_error not in REWARD_ERROR_POLICIES:
+            raise ValueError(
+                f"Unknown on_reward_error {self.on_reward_error!r}. Allowed values: {', '.join(REWARD_ERROR_POLICIES)}."
+            )
+        patience = self.nonfinite_loss_patience
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+            raise ValueError(f"nonfinite_loss_patience must be an int >= 0, got {patience!r}.")
         if isinstance(self.max_num_gen_batches, bool) or not isinstance(self.max_num_gen_batches, int):
             raise ValueError(f"max_num_gen_batches must be an int >= 1, got {self.max_num_gen_batches!r}.")
         if self.max_num_gen_batches < 1:
@@ -528,6 +562,14 @@ _FORWARD_KEYS = (
 SAMPLING_STATE_FILE = "trl_reasoning_sampling_state.json"
 
 
+class NonFiniteLossError(RuntimeError):
+    """More consecutive optimizer steps had a NaN/inf loss than ``nonfinite_loss_patience`` allows."""
+
+
+class NonFiniteLossWarning(UserWarning):
+    """An optimizer step was skipped because its loss was NaN or infinite."""
+
+
 class DynamicSamplingWarning(UserWarning):
     """Dynamic sampling ran out of generation rounds before the batch was full of informative groups."""
 
@@ -593,7 +635,7 @@ class ReasoningTrainer(GRPOTrainer):
                 f"(checked against TRL {TRL_CHECKED_VERSION})."
             )
         self.reward_funcs = [
-            func if isinstance(func, torch.nn.Module) else wrap_reward_function(func, name)
+            func if isinstance(func, torch.nn.Module) else wrap_reward_function(func, name, self.args.on_reward_error)
             for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
         ]
         self._scored_batch: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -602,6 +644,10 @@ class ReasoningTrainer(GRPOTrainer):
         self._prompt_stream: PromptStream | None = None
         self._prompt_keys: list[str] | None = None
         self._train_sampler: EpochRepeatSampler | None = None
+        # Non-finite loss guard: set by _compute_loss, read by the optimizer step (see create_optimizer).
+        self._nonfinite_in_step = False
+        self._consecutive_nonfinite_steps = 0
+        self._skipped_nonfinite_steps = 0
         needs_indexing = [
             name
             for name, on in (
@@ -620,6 +666,17 @@ class ReasoningTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ TRL private override 1 of 6
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self.args.on_reward_error == "exclude":
+            mode = "train" if self.model.training else "eval"
+            counts = torch.tensor(
+                [float(getattr(func, "error_count", 0)) for func in self.reward_funcs], device=rewards_per_func.device
+            )
+            for func in self.reward_funcs:
+                if hasattr(func, "error_count"):
+                    func.error_count = 0
+            counts = self.accelerator.reduce(counts, reduction="sum")
+            for name, count in zip(self.reward_func_names, counts.tolist()):
+                self._metrics[mode][f"rewards/{name}/errors"].append(count)
         check_reward_columns(rewards_per_func, self.reward_func_names)
         device = rewards_per_func.device
         lengths = torch.tensor([len(ids) for ids in completion_ids_list], dtype=torch.float32, device=device)
@@ -1056,6 +1113,54 @@ class ReasoningTrainer(GRPOTrainer):
 
         self._log_loss_metrics(mode, mask, entropies, stats, policy_loss, per_token_kl if kl_in_loss else None)
         return loss
+
+    # ------------------------------------------------------------------ non-finite loss guard
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self.model.training:
+            # Every process joins the reduction, so all of them skip the same optimizer steps.
+            bad = torch.tensor([0.0 if torch.isfinite(loss.detach()).all() else 1.0], device=loss.device)
+            if self.accelerator.reduce(bad, reduction="sum").item() > 0:
+                self._nonfinite_in_step = True
+        return loss
+
+    def create_optimizer(self, *args, **kwargs):
+        """The Trainer's optimizer, whose ``step`` is skipped when the step's loss was NaN or infinite."""
+        optimizer = super().create_optimizer(*args, **kwargs)
+        if not getattr(optimizer, "_trl_reasoning_guarded", False):
+            step = optimizer.step
+
+            @functools.wraps(step)
+            def guarded_step(*step_args, **step_kwargs):
+                if self._nonfinite_in_step:
+                    self._nonfinite_in_step = False
+                    self._skip_nonfinite_step()
+                    return None
+                self._consecutive_nonfinite_steps = 0
+                return step(*step_args, **step_kwargs)
+
+            optimizer.step = guarded_step
+            optimizer._trl_reasoning_guarded = True
+        return optimizer
+
+    def _skip_nonfinite_step(self) -> None:
+        self._skipped_nonfinite_steps += 1
+        self._consecutive_nonfinite_steps += 1
+        self._metrics["train"]["nonfinite_loss/skipped_steps"].append(float(self._skipped_nonfinite_steps))
+        patience = self.args.nonfinite_loss_patience
+        if self._consecutive_nonfinite_steps > patience:
+            raise NonFiniteLossError(
+                f"{self._consecutive_nonfinite_steps} consecutive optimizer steps had a NaN or infinite loss (step "
+                f"{self.state.global_step + 1}; nonfinite_loss_patience={patience}). The parameters are those of the "
+                "last finite step. Check the rewards, the learning rate and mixed precision, or raise "
+                "nonfinite_loss_patience."
+            )
+        warnings.warn(
+            f"Skipped optimizer step {self.state.global_step + 1}: its loss was NaN or infinite (parameters and "
+            f"optimizer state untouched; {self._consecutive_nonfinite_steps} in a row, patience {patience}).",
+            NonFiniteLossWarning,
+            stacklevel=2,
+        )
 
     # ------------------------------------------------------------------ DPPO top-K divergence
     @property

@@ -1,0 +1,142 @@
+"""Reward functions that raise (error naming the sample, or opt-in exclusion) and the non-finite loss guard."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import cpu_args, make_prompts
+from transformers import TrainerCallback
+
+import trl_reasoning as tr
+from trl_reasoning.rewards import RewardFunctionError, wrap_reward_function
+
+
+def fragile(prompts, completions, **kwargs) -> list[float]:
+    """Fails on the prompt "3+1=" and scores the others by length."""
+    out = []
+    for prompt, completion in zip(prompts, completions):
+        if prompt[-1]["content"] == "3+1=":
+            raise ZeroDivisionError("no reward for 3+1=")
+        out.append(len(completion[-1]["content"]) / 10)
+    return out
+
+
+def _batch(n=4):
+    prompts = [[{"role": "user", "content": f"{i}+1="}] for i in range(n)]
+    completions = [[{"role": "assistant", "content": "x" * i}] for i in range(n)]
+    return prompts, completions
+
+
+def test_a_raising_reward_names_the_function_and_the_sample():
+    wrapped = wrap_reward_function(fragile, "fragile")
+    prompts, completions = _batch()
+    with pytest.raises(
+        RewardFunctionError, match=r"'fragile' raised ZeroDivisionError on sample 3 \(prompt '3\+1='\)"
+    ):
+        wrapped(prompts=prompts, completions=completions)
+
+
+def test_exclude_gives_none_to_the_failing_samples_and_counts_them():
+    wrapped = wrap_reward_function(fragile, "fragile", on_error="exclude")
+    prompts, completions = _batch(6)
+    assert wrapped(prompts=prompts, completions=completions) == [0.0, 0.1, 0.2, None, 0.4, 0.5]
+    assert wrapped.error_count == 1
+
+
+def test_a_batch_level_failure_is_raised_even_when_excluding():
+    def batch_only(prompts, completions, **kwargs):
+        if len(completions) > 1:
+            raise RuntimeError("needs a batch of one")
+        return [1.0]
+
+    wrapped = wrap_reward_function(batch_only, "batch_only", on_error="exclude")
+    prompts, completions = _batch()
+    with pytest.raises(RewardFunctionError, match=r"'batch_only' raised RuntimeError: needs a batch of one"):
+        wrapped(prompts=prompts, completions=completions)
+
+
+def test_async_reward_functions_are_located_too():
+    import asyncio
+
+    async def fragile_async(prompts, completions, **kwargs):
+        return fragile(prompts, completions)
+
+    wrapped = wrap_reward_function(fragile_async, "fragile_async", on_error="exclude")
+    prompts, completions = _batch()
+    assert asyncio.run(wrapped(prompts=prompts, completions=completions)) == [0.0, 0.1, 0.2, None]
+
+
+def test_unknown_policy_is_rejected():
+    with pytest.raises(ValueError, match="Unknown on_reward_error 'skip'. Allowed values: raise, exclude"):
+        tr.DAPOConfig(**cpu_args(on_reward_error="skip"))
+
+
+@pytest.mark.slow
+def test_exclude_trains_on_and_logs_the_errors(tiny_model_path, tmp_path):
+    args = tr.DAPOConfig(**cpu_args(output_dir=str(tmp_path), on_reward_error="exclude", dynamic_sampling=False))
+    trainer = tr.DAPOTrainer(model=tiny_model_path, reward_funcs=fragile, args=args, train_dataset=make_prompts(8))
+    trainer.train()
+    errors = [
+        entry["rewards/fragile/errors"] for entry in trainer.state.log_history if "rewards/fragile/errors" in entry
+    ]
+    assert len(errors) == 3 and sum(errors) > 0  # prompt "3+1=" is in the 8-prompt set: 4 failing samples per visit
+    assert all(math.isfinite(entry["loss"]) for entry in trainer.state.log_history if "loss" in entry)
+
+
+class Snapshot(TrainerCallback):
+    def __init__(self):
+        self.after_step = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.after_step.append([p.detach().clone() for p in model.parameters()])
+
+
+def _poison(trainer, bad_steps):
+    original = trainer._compute_loss
+
+    def compute_loss(model, inputs):
+        loss = original(model, inputs)
+        if trainer.state.global_step in bad_steps:
+            loss = loss * float("nan")
+        return loss
+
+    trainer._compute_loss = compute_loss
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_skips_the_step_and_leaves_parameters_untouched(tiny_model_path, tmp_path):
+    args = tr.DAPOConfig(**cpu_args(output_dir=str(tmp_path), max_steps=4, dynamic_sampling=False))
+    snapshot = Snapshot()
+    trainer = tr.DAPOTrainer(
+        model=tiny_model_path, reward_funcs=fragile_free, args=args, train_dataset=make_prompts(), callbacks=[snapshot]
+    )
+    _poison(trainer, bad_steps={1})  # the second optimizer step
+    with pytest.warns(tr.NonFiniteLossWarning, match="Skipped optimizer step 2"):
+        trainer.train()
+    assert trainer.state.global_step == 4
+    first, second, third = snapshot.after_step[:3]
+    assert all(torch.equal(a, b) for a, b in zip(first, second))  # step 2 changed nothing
+    assert any(not torch.equal(a, b) for a, b in zip(second, third))  # step 3 trained again
+    skipped = [
+        e["nonfinite_loss/skipped_steps"] for e in trainer.state.log_history if "nonfinite_loss/skipped_steps" in e
+    ]
+    assert skipped == [1.0]
+
+
+@pytest.mark.slow
+def test_repeated_non_finite_losses_stop_the_run(tiny_model_path, tmp_path):
+    args = tr.DAPOConfig(
+        **cpu_args(output_dir=str(tmp_path), max_steps=6, dynamic_sampling=False, nonfinite_loss_patience=1)
+    )
+    trainer = tr.DAPOTrainer(model=tiny_model_path, reward_funcs=fragile_free, args=args, train_dataset=make_prompts())
+    _poison(trainer, bad_steps={1, 2, 3})
+    with pytest.raises(tr.NonFiniteLossError, match=r"2 consecutive optimizer steps had a NaN or infinite loss"):
+        with pytest.warns(tr.NonFiniteLossWarning):
+            trainer.train()
+    assert trainer.state.global_step == 2
+
+
+def fragile_free(completions, **kwargs) -> list[float]:
+    return [len(c[-1]["content"]) / 10 for c in completions]
