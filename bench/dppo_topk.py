@@ -27,6 +27,9 @@ CONFIGS = {
     "DAPO": {"trainer": "DAPO", "dynamic_sampling": False},
 }
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import record  # noqa: E402
+
 
 def _rss_kib(field: str) -> int:
     with open("/proc/self/status") as f:
@@ -158,6 +161,8 @@ def main(argv: list[str] | None = None) -> str:
         )
     table = "\n".join(lines)
     print(table)
+    if not options.quick:
+        record("DPPO top-K vs binary vs DAPO", table)
     return table
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -23,6 +24,9 @@ from datasets import Dataset  # noqa: E402
 
 import trl_reasoning as tr  # noqa: E402
 from trl_reasoning.demo.tiny import cpu_config_kwargs, save_tiny_model  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import record  # noqa: E402
 
 
 def contains_digit(completions, **kwargs) -> list[float]:
@@ -100,6 +104,8 @@ def main(argv: list[str] | None = None) -> str:
         )
     table = "\n".join(lines)
     print(table)
+    if not options.quick:
+        record("Dynamic sampling on vs off", table)
     return table
 
 
