@@ -14,6 +14,7 @@ from .maxrl import MaxRLConfig, MaxRLTrainer
 from .rewards import RewardFunctionError, overlong_penalty
 from .rloo import RLOOConfig, RLOOTrainer
 from .scalerl import ScaleRLConfig, ScaleRLTrainer
+from .scaling import ComputeCurveFit, fit_compute_curve
 from .trainer import (
     DynamicSamplingWarning,
     NonFiniteLossError,
@@ -30,6 +31,7 @@ warn_if_trl_unsupported()
 
 __all__ = [
     "CISPOConfig",
+    "ComputeCurveFit",
     "CISPOTrainer",
     "DAPOConfig",
     "DAPOTrainer",
@@ -53,6 +55,7 @@ __all__ = [
     "aggregate_loss",
     "compute_advantages",
     "completion_weights",
+    "fit_compute_curve",
     "compute_policy_loss",
     "overlong_penalty",
 ]
