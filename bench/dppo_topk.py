@@ -3,9 +3,8 @@
 The model is a small randomly initialised Qwen2 with a 32k-token vocabulary, so that the ``[batch, T, vocab]``
 logits dominate memory as they do in real LLMs; completions come from a deterministic ``rollout_func`` so that every
 configuration trains on exactly the same batch. Each configuration runs in its own subprocess (repeated and
-interleaved), and memory is the peak resident set size during ``train()`` above the level just before it (Linux
-``/proc/self/clear_refs`` resets the peak). Step time is TRL's ``step_time`` metric. Prints a markdown table with
-medians and the ratios to ``binary_tv``. Usage:
+interleaved); memory is the peak resident set size during ``train()`` above the level just before it, step time is
+TRL's ``step_time`` metric. Prints a markdown table with medians and the ratios to ``binary_tv``. Usage:
 
     python bench/dppo_topk.py [--steps 6] [--repeats 2] [--quick]
 """
@@ -13,74 +12,31 @@ medians and the ratios to ``binary_tv``. Usage:
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-CONFIGS = {
-    "DPPO topk_tv": {"trainer": "DPPO", "dppo_divergence": "topk_tv"},
-    "DPPO binary_tv": {"trainer": "DPPO", "dppo_divergence": "binary_tv"},
-    "DAPO": {"trainer": "DAPO", "dynamic_sampling": False},
-}
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import build_model, cpu_threads, hash_reward, make_rollout, measure_train, prompt_dataset, run_worker  # noqa: E402
 from _results import record  # noqa: E402
 
-
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
+CONFIGS = {
+    "DPPO topk_tv": ("DPPO", {"dppo_divergence": "topk_tv"}),
+    "DPPO binary_tv": ("DPPO", {"dppo_divergence": "binary_tv"}),
+    "DAPO": ("DAPO", {"dynamic_sampling": False}),
+}
 
 
-def worker(name: str, steps: int, vocab: int, length: int, out_file: str) -> None:
+def worker(name: str, steps: int, vocab: int, length: int) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    import torch
-    from datasets import Dataset
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     import trl_reasoning as tr
     from trl_reasoning.demo.tiny import build_tokenizer, cpu_config_kwargs
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    cpu_threads()
     tokenizer = build_tokenizer()
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-
-    def rollout(prompts, trainer):
-        prompt_ids, completion_ids = [], []
-        for index, prompt in enumerate(prompts):
-            text = prompt[-1]["content"]
-            digest = hashlib.sha256(f"{text}|{index}".encode()).digest()
-            completion_ids.append([digest[i % len(digest)] % len(tokenizer) for i in range(length)])
-            rendered = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-            prompt_ids.append(tokenizer.encode(rendered, add_special_tokens=False))
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
-
-    def reward(completion_ids, **kwargs):
-        return [float(sum(ids) % 7) for ids in completion_ids]
-
-    spec = dict(CONFIGS[name])
-    trainer_name = spec.pop("trainer")
+    trainer_name, overrides = CONFIGS[name]
     config_class, trainer_class = {
         "DPPO": (tr.DPPOConfig, tr.DPPOTrainer),
         "DAPO": (tr.DAPOConfig, tr.DAPOTrainer),
@@ -95,25 +51,17 @@ def worker(name: str, steps: int, vocab: int, length: int, out_file: str) -> Non
         learning_rate=1e-4,
         logging_steps=1,
         seed=0,
-        **spec,
+        **overrides,
     )
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"q{i}"}]} for i in range(64)])
     trainer = trainer_class(
-        model=model,
-        reward_funcs=reward,
+        model=build_model(tokenizer, vocab),
+        reward_funcs=hash_reward,
         args=args,
-        train_dataset=dataset,
+        train_dataset=prompt_dataset(),
         processing_class=tokenizer,
-        rollout_func=rollout,
+        rollout_func=make_rollout(tokenizer, length),
     )
-    before = _rss_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
-    trainer.train()
-    peak = _rss_kib("VmHWM")
-    times = [entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry][1:]  # skip warm-up
-    with open(out_file, "w") as f:
-        json.dump({"peak_mib": (peak - before) / 1024, "step_times": times}, f)
+    return measure_train(trainer)
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -123,41 +71,45 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--length", type=int, default=128, help="completion length in tokens")
     parser.add_argument("--quick", action="store_true", help="2 steps, small vocab: checks the script runs")
-    parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.quick:
         options.steps, options.repeats, options.vocab, options.length = 2, 1, 512, 16
-    if options.worker:
-        worker(options.worker[0], options.steps, options.vocab, options.length, options.worker[1])
+    if options.worker_out:
+        import json
+
+        with open(options.worker_out, "w") as f:
+            json.dump(worker(options.config, options.steps, options.vocab, options.length), f)
         return ""
 
     results: dict[str, dict[str, list[float]]] = {name: {"peak": [], "time": []} for name in CONFIGS}
-    with tempfile.TemporaryDirectory() as tmp:
-        for repeat in range(options.repeats):
-            for name in CONFIGS:  # interleaved: A B C A B C
-                out = os.path.join(tmp, f"{repeat}-{name.replace(' ', '_')}.json")
-                command = [sys.executable, __file__, "--worker", name, out, "--steps", str(options.steps)]
-                command += ["--vocab", str(options.vocab), "--length", str(options.length)]
-                subprocess.run(command, check=True, capture_output=True, text=True)
-                with open(out) as f:
-                    data = json.load(f)
-                results[name]["peak"].append(data["peak_mib"])
-                results[name]["time"].extend(data["step_times"])
+    for _ in range(options.repeats):
+        for name in CONFIGS:  # interleaved: A B C A B C
+            data = run_worker(
+                os.path.abspath(__file__),
+                ["--config", name, "--steps", str(options.steps), "--vocab", str(options.vocab)]
+                + ["--length", str(options.length)],
+            )
+            results[name]["peak"].append(data["peak_mib"])
+            results[name]["time"].extend(data["step_times"])
 
     base = results["DPPO binary_tv"]
     base_peak, base_time = statistics.median(base["peak"]), statistics.median(base["time"])
     lines = [
         f"DPPO top-K vs binary vs DAPO: vocab {options.vocab}, 8 completions x {options.length} tokens per step, "
-        f"{options.steps} steps x {options.repeats} interleaved repeats, CPU (medians; step time without the first step)",
+        f"{options.steps} steps x {options.repeats} interleaved repeats, CPU (medians; step time without the first "
+        "step)",
         "",
-        "| configuration | peak memory in train() (MiB) | ratio to binary_tv | step time (s) | min-max | ratio to binary_tv |",
+        "| configuration | peak memory in train() (MiB) | ratio to binary_tv | step time (s) | min-max | ratio to "
+        "binary_tv |",
         "|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         peak, time = statistics.median(r["peak"]), statistics.median(r["time"])
         lines.append(
-            f"| {name} | {peak:.0f} | {peak / base_peak:.2f} | {time:.3f} | {min(r['time']):.3f}-{max(r['time']):.3f} | "
-            f"{time / base_time:.2f} |"
+            f"| {name} | {peak:.0f} | {peak / base_peak:.2f} | {time:.3f} | {min(r['time']):.3f}-{max(r['time']):.3f} "
+            f"| {time / base_time:.2f} |"
         )
     table = "\n".join(lines)
     print(table)

@@ -27,3 +27,8 @@ def test_dynamic_sampling_bench_quick():
 def test_dppo_topk_bench_quick():
     table = _load("dppo_topk").main(["--quick"])
     assert "| DPPO topk_tv |" in table and "| DAPO |" in table
+
+
+def test_overhead_bench_quick():
+    table = _load("overhead").main(["--quick"])
+    assert "| DAPO | loss_type=dapo" in table

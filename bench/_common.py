@@ -1,0 +1,99 @@
+"""Shared by the bench scripts: a deterministic workload (model, rollout, reward) and the measurements.
+
+Every configuration trains on exactly the same batches: completions come from a deterministic ``rollout_func`` (a
+hash of the prompt and of the completion's index), so differences in time and memory come from the trainers alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def build_model(tokenizer, vocab: int, hidden: int = 128, layers: int = 2):
+    """A randomly initialised Qwen2 (tied embeddings) with ``vocab`` tokens, seeded."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config)
+
+
+def make_rollout(tokenizer, length: int):
+    """A ``rollout_func`` returning, for each prompt, ``length`` token ids derived from a hash (no sampling)."""
+
+    def rollout(prompts, trainer):
+        prompt_ids, completion_ids = [], []
+        for index, prompt in enumerate(prompts):
+            digest = hashlib.sha256(f"{prompt[-1]['content']}|{index}".encode()).digest()
+            completion_ids.append([digest[i % len(digest)] % len(tokenizer) for i in range(length)])
+            rendered = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+            prompt_ids.append(tokenizer.encode(rendered, add_special_tokens=False))
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+
+    return rollout
+
+
+def hash_reward(completion_ids, **kwargs) -> list[float]:
+    """A reward that differs between completions (so every group has a nonzero advantage)."""
+    return [float(sum(ids) % 7) for ids in completion_ids]
+
+
+def prompt_dataset(n: int = 64):
+    from datasets import Dataset
+
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": f"q{i}"}]} for i in range(n)])
+
+
+def measure_train(trainer) -> dict:
+    """Train, returning the peak resident memory above the level just before ``train()`` (MiB; Linux
+    ``/proc/self/clear_refs`` resets the peak) and TRL's per-step ``step_time`` without the first (warm-up) step."""
+    before = rss_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    trainer.train()
+    peak = rss_kib("VmHWM")
+    times = [entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry][1:]
+    return {"peak_mib": (peak - before) / 1024, "step_times": times}
+
+
+def run_worker(script: str, arguments: list[str]) -> dict:
+    """Run ``script --worker ...`` in a fresh process (clean memory accounting) and return its JSON result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        command = [sys.executable, script, "--worker-out", out, *arguments]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def cpu_threads() -> None:
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
