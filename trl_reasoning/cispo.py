@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
 
 
-@dataclass
+@dataclass(repr=False)  # ReasoningConfig's repr redacts tokens
 class CISPOConfig(ReasoningConfig):
     """[`ReasoningConfig`] with CISPO's defaults: `advantage_estimator="grpo"`, `policy_loss="cispo"`,
     `epsilon_high=5.0` (the absolute cap on the importance ratio, TRL's semantics), `loss_aggregation="token_mean"`,

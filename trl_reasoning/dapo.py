@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
 
 
-@dataclass
+@dataclass(repr=False)  # ReasoningConfig's repr redacts tokens
 class DAPOConfig(ReasoningConfig):
     """[`ReasoningConfig`] with DAPO's defaults: `advantage_estimator="grpo"`, `policy_loss="clip"`,
     `epsilon=0.2`, `epsilon_high=0.28` (clip-higher), `loss_aggregation="token_mean"`,

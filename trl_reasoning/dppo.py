@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
 
 
-@dataclass
+@dataclass(repr=False)  # ReasoningConfig's repr redacts tokens
 class DPPOConfig(ReasoningConfig):
     """[`ReasoningConfig`] with DPPO's defaults: `advantage_estimator="grpo"`, `policy_loss="dppo"`,
     `dppo_divergence="binary_tv"` (threshold 0.15; `"binary_kl"` uses 0.05), `dppo_is_cap=20.0`,

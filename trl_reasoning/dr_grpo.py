@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
 
 
-@dataclass
+@dataclass(repr=False)  # ReasoningConfig's repr redacts tokens
 class DrGRPOConfig(ReasoningConfig):
     """[`ReasoningConfig`] with Dr. GRPO's defaults: `advantage_estimator="dr_grpo"` (TRL's `scale_rewards="none"`),
     `policy_loss="clip"` (`epsilon=0.2`), `loss_aggregation="seq_mean_token_sum_norm"` (TRL's `loss_type="dr_grpo"`),

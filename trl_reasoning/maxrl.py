@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
 
 
-@dataclass
+@dataclass(repr=False)  # ReasoningConfig's repr redacts tokens
 class MaxRLConfig(ReasoningConfig):
     """[`ReasoningConfig`] with MaxRL's defaults: `advantage_estimator="maxrl"`, `policy_loss="clip"` (`epsilon=0.2`),
     `loss_aggregation="token_mean"`, `beta=0.0`. Rewards must be 0/1 unless `maxrl_reward_threshold` binarizes them;

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
 
 
-@dataclass
+@dataclass(repr=False)  # ReasoningConfig's repr redacts tokens
 class RLOOConfig(ReasoningConfig):
     """[`ReasoningConfig`] with the defaults of TRL's `RLOOConfig`: `advantage_estimator="rloo"`,
     `policy_loss="sequence_clip"` (`epsilon=0.2`), `loss_aggregation="seq_mean_token_sum"`, `beta=0.05` applied in

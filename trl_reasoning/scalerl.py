@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
 
 
-@dataclass
+@dataclass(repr=False)  # ReasoningConfig's repr redacts tokens
 class ScaleRLConfig(ReasoningConfig):
     """[`ReasoningConfig`] with ScaleRL's defaults: `advantage_estimator="batch"`, `policy_loss="cispo"` with
     `epsilon_high=5.0` (the absolute cap on the importance ratio), `loss_aggregation="prompt_mean"`,

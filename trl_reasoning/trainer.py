@@ -20,6 +20,7 @@ How a step works, on top of TRL's ``GRPOTrainer``:
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import json
@@ -33,6 +34,7 @@ import torch
 from accelerate.utils import gather_object
 from datasets import IterableDataset
 from packaging.version import Version
+from transformers import TrainingArguments
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 
@@ -174,7 +176,7 @@ _ESTIMATOR_TO_SCALE_REWARDS = {"grpo": "group", "batch": "batch", "dr_grpo": "no
 _OVERLONG_AUTO_FRACTION = 0.2  # DAPO: L_cache = 4096 of L_max = 20480
 
 
-@dataclass
+@dataclass(repr=False)  # keep TrainingArguments' repr, which redacts tokens (see __repr__)
 class ReasoningConfig(GRPOConfig):
     r"""
     Configuration for [`ReasoningTrainer`] and every trl-reasoning preset: all of [`~trl.GRPOConfig`], plus the
@@ -371,6 +373,31 @@ class ReasoningConfig(GRPOConfig):
         self._resolve_advantage_estimator()
         self._validate_reasoning_fields()
         super().__post_init__()
+
+    # Secrets (`hub_token`, ...) never leave the process: the repr and pickles (`training_args.bin`, written by the
+    # Trainer next to every checkpoint) replace them with a placeholder; in-process copies keep them.
+    def __repr__(self) -> str:
+        return TrainingArguments.__str__(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            key: f"<{key.upper()}>" if key.endswith("_token") and isinstance(value, str) else value
+            for key, value in self.__dict__.items()
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __copy__(self):
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        return clone
+
+    def __deepcopy__(self, memo):
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return clone
 
     def _resolve_loss(self) -> None:
         sequence_level = self.importance_sampling_level == "sequence"
@@ -648,6 +675,16 @@ class ReasoningTrainer(GRPOTrainer):
         self._nonfinite_in_step = False
         self._consecutive_nonfinite_steps = 0
         self._skipped_nonfinite_steps = 0
+        for split, dataset in (("train_dataset", self.train_dataset), ("eval_dataset", self.eval_dataset)):
+            datasets_ = dataset.values() if isinstance(dataset, dict) else [dataset]
+            for data in datasets_:
+                columns = getattr(data, "column_names", None)
+                if columns is not None and "prompt" not in columns and self.environment_factories is None:
+                    raise ValueError(
+                        f"The {split} has no 'prompt' column (its columns: {', '.join(columns) or 'none'}). GRPO-style "
+                        "trainers generate from a 'prompt' column of text or chat messages; rename yours, e.g. "
+                        "dataset.rename_column('question', 'prompt')."
+                    )
         needs_indexing = [
             name
             for name, on in (
@@ -712,6 +749,7 @@ class ReasoningTrainer(GRPOTrainer):
             )
         rewards_per_func, lengths = self._scored_batch
         self._scored_batch = None
+        self._check_context_length(output)
         # TRL logged its advantages for the completions table; _finalize_batch logs the ones this trainer trains on.
         logged = self._logs["advantages"]
         for _ in range(min(len(logged), rewards_per_func.shape[0])):
@@ -721,6 +759,19 @@ class ReasoningTrainer(GRPOTrainer):
         if self._uses_topk_divergence:
             output.update(self._rollout_topk(output, mode))
         return output, rewards, task_rewards
+
+    def _check_context_length(self, output) -> None:
+        """Prompt + completion must fit the model's context: past it, positions the model never saw make every
+        log-probability meaningless (TRL 1.16 only lets transformers warn)."""
+        config = self.accelerator.unwrap_model(self.model).config
+        limit = getattr(config.get_text_config(), "max_position_embeddings", None)
+        longest_prompt = int(output["prompt_mask"].sum(dim=1).max().item()) if output["prompt_mask"].numel() else 0
+        if limit is not None and longest_prompt + self.max_completion_length > limit:
+            raise ValueError(
+                f"A prompt of {longest_prompt} tokens plus max_completion_length={self.max_completion_length} exceeds "
+                f"the model's context (max_position_embeddings={limit}). Filter or truncate long prompts in the "
+                "dataset, or lower max_completion_length."
+            )
 
     def _local_rows(self, local_size: int) -> slice:
         start = self.accelerator.process_index * local_size
