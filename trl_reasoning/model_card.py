@@ -1,0 +1,212 @@
+"""The model card of a trl-reasoning run: TRL's card plus the algorithm, its non-default settings and its paper.
+
+[`ReasoningModelCardMixin`] overrides TRL's public `create_model_card` (called by `save_model` checkpoints,
+`push_to_hub` and by hand). It keeps TRL's card (front matter, quick start, framework versions, citations) and adds:
+
+- the tags `trl`, `trl-reasoning` and the algorithm's name (TRL already adds the trainer's `_tag_names`);
+- a "trl-reasoning" section naming the algorithm, its paper, the pieces it is made of (advantage estimator, policy
+  objective, loss aggregation) and a table of every setting that differs from the config class's defaults;
+- the paper's BibTeX (TRL's template prints `_paper["citation"]` under "Citations").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from typing import Any
+
+#: Config fields that describe where and how a run is stored or reported, not how the model was trained.
+BOOKKEEPING_FIELDS = frozenset(
+    {
+        "output_dir",
+        "logging_dir",
+        "run_name",
+        "report_to",
+        "push_to_hub",
+        "hub_model_id",
+        "hub_token",
+        "hub_private_repo",
+        "hub_strategy",
+        "hub_always_push",
+        "hub_revision",
+        "overwrite_output_dir",
+        "disable_tqdm",
+        "log_level",
+        "log_level_replica",
+        "logging_first_step",
+        "save_strategy",
+        "save_steps",
+        "save_total_limit",
+        "save_only_model",
+        "local_rank",
+        "dataloader_num_workers",
+        "resume_from_checkpoint",
+        "trackio_space_id",
+        "project",
+    }
+)
+#: Fields that every config derives in `__post_init__` from the algorithm's pieces (TRL-compatibility mirrors).
+DERIVED_FIELDS = frozenset({"loss_type", "scale_rewards", "generation_batch_size", "steps_per_generation"})
+#: Fields copied from the run into the reference config that recognises derived values: other fields' automatic
+#: values depend on them (device and precision checks, `"auto"` lengths, activation checkpointing).
+ENVIRONMENT_FIELDS = frozenset(
+    {"output_dir", "use_cpu", "bf16", "fp16", "gradient_checkpointing", "max_completion_length", "use_vllm"}
+)
+#: The fields that name an algorithm's pieces, shown first.
+ALGORITHM_FIELDS = ("advantage_estimator", "policy_loss", "loss_aggregation")
+
+_MISSING = object()
+
+
+def _field_default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return field.default_factory()  # type: ignore[misc]
+    return _MISSING
+
+
+def _normalize(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _reference_config(args: Any) -> Any | None:
+    """A config of `type(args)` with every field at its default except `ENVIRONMENT_FIELDS`, copied from `args`, so
+    that `__post_init__` derives the same automatic values (`"auto"` lengths, accelerator settings) as in `args`.
+    `None` if it cannot be built."""
+    kwargs = {name: getattr(args, name) for name in ENVIRONMENT_FIELDS if hasattr(args, name)}
+    try:
+        return type(args)(**kwargs)
+    except Exception:  # a config that validates against its environment; fall back to the field defaults
+        return None
+
+
+def non_default_settings(args: Any) -> dict[str, tuple[Any, Any]]:
+    """
+    The fields of the dataclass `args` whose value differs from the field's default in its own class (so a preset's
+    paper defaults count as defaults), leaving out bookkeeping fields (paths, hub, reporting) and values that
+    `__post_init__` derives. Defaults are read from the dataclass fields; the derived values are recognised by building
+    a reference config with only the fields of `ENVIRONMENT_FIELDS` copied from `args` (device, precision, lengths),
+    never a bare default config (which can fail, e.g. `bf16` on a CPU).
+
+    Returns:
+        `dict[str, tuple[Any, Any]]`: `{name: (value, default)}` in field order.
+    """
+    if not dataclasses.is_dataclass(args):
+        raise TypeError(f"non_default_settings needs a dataclass config, got {type(args).__name__}.")
+    reference = _reference_config(args)
+    changed = {}
+    for field in dataclasses.fields(args):
+        if not field.init or field.name.startswith("_") or field.name in BOOKKEEPING_FIELDS | DERIVED_FIELDS:
+            continue
+        default = _field_default(field)
+        value = getattr(args, field.name, _MISSING)
+        if default is _MISSING or value is _MISSING:
+            continue
+        value, default = _normalize(value), _normalize(default)
+        if value == default:
+            continue
+        if field.name not in ENVIRONMENT_FIELDS and reference is not None:
+            if value == _normalize(getattr(reference, field.name, _MISSING)):
+                continue  # what __post_init__ derives from the defaults in this environment
+        changed[field.name] = (value, default)
+    return changed
+
+
+def _markdown_value(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    return "`" + text.replace("|", "\\|").replace("`", "'") + "`"
+
+
+def reasoning_card_section(trainer: Any) -> str:
+    """The markdown section that the mixin adds to TRL's card: algorithm, paper, pieces and non-default settings."""
+    args = trainer.args
+    name = getattr(trainer, "_name", type(trainer).__name__)
+    paper = getattr(trainer, "_paper", None) or {}
+    lines = ["## trl-reasoning", ""]
+    intro = f"Trained with **{name}** (`{type(trainer).__name__}`, config `{type(args).__name__}`) from trl-reasoning"
+    if paper.get("id"):
+        intro += f", the method of [{paper.get('title', paper['id'])}](https://arxiv.org/abs/{paper['id']})"
+    lines += [intro + ".", ""]
+    pieces = [f"{key} `{getattr(args, key)}`" for key in ALGORITHM_FIELDS if getattr(args, key, None) is not None]
+    if pieces:
+        lines += ["Algorithm: " + " · ".join(pieces) + ".", ""]
+    changed = non_default_settings(args)
+    if changed:
+        lines += [
+            f"Settings that differ from `{type(args).__name__}`'s defaults:",
+            "",
+            "| setting | value | default |",
+            "|---|---|---|",
+        ]
+        lines += [f"| `{key}` | {_markdown_value(v)} | {_markdown_value(d)} |" for key, (v, d) in changed.items()]
+    else:
+        lines.append(f"All settings are `{type(args).__name__}`'s defaults.")
+    return "\n".join(lines) + "\n"
+
+
+class ReasoningModelCardMixin:
+    """
+    Mixin for a TRL trainer (put it first in the bases: `class T(ReasoningModelCardMixin, DAPOTrainer)`) whose
+    `create_model_card` writes TRL's card plus the trl-reasoning section ([`reasoning_card_section`]) and the tags
+    `trl`, `trl-reasoning` and the algorithm's name. The trainer provides `_name`, `_paper` (`title`, `id`,
+    `citation`), `_tag_names` and `args`, as TRL's trainers do.
+    """
+
+    def create_model_card(
+        self,
+        model_name: str | None = None,
+        dataset_name: str | None = None,
+        tags: str | list[str] | None = None,
+    ) -> None:
+        """
+        Create the model card (`README.md` in `args.output_dir`), as TRL's `create_model_card` does, with the
+        trl-reasoning section and tags added.
+
+        Args:
+            model_name (`str`, *optional*):
+                Name of the model.
+            dataset_name (`str`, *optional*):
+                Name of the dataset used for training.
+            tags (`str` or `list[str]`, *optional*):
+                Extra tags for the card.
+        """
+        if not self.is_world_process_zero():
+            return
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        name = getattr(self, "_name", "")
+        for tag in ("trl", "trl-reasoning", str(name).lower().replace(" ", "-").replace(".", "")):
+            if tag and tag not in tags:
+                tags.append(tag)
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+
+        from huggingface_hub import ModelCard
+
+        path = os.path.join(self.args.output_dir, "README.md")
+        card = ModelCard.load(path)
+        section = reasoning_card_section(self)
+        content = card.content
+        anchor = "### Framework versions"
+        if anchor in content:
+            content = content.replace(anchor, section + "\n" + anchor, 1)
+        else:
+            content = content.rstrip("\n") + "\n\n" + section
+        card.content = content
+        card.save(path)
+
+
+def with_reasoning_model_card(trainer_class: type) -> type:
+    """`trainer_class` itself if it already has [`ReasoningModelCardMixin`], else a subclass of the same name that
+    puts the mixin first."""
+    if issubclass(trainer_class, ReasoningModelCardMixin):
+        return trainer_class
+    return type(
+        trainer_class.__name__,
+        (ReasoningModelCardMixin, trainer_class),
+        {"__module__": trainer_class.__module__, "__doc__": trainer_class.__doc__},
+    )
