@@ -1,0 +1,473 @@
+"""``trl-reasoning``: one subcommand per algorithm, plus ``demo`` and ``eval``.
+
+Every subcommand parses with TRL's ``TrlParser``: a ``--config recipe.yaml`` sets defaults, flags override them, and
+every field of the dataclasses involved is settable either way (``--help`` lists them with their defaults, which for
+an algorithm are its paper's)::
+
+    trl-reasoning dapo --config recipes/dapo/qwen2.5-0.5b-gsm8k.yaml --learning_rate 5e-7
+    trl-reasoning demo --algorithm cispo
+    trl-reasoning eval --model_name_or_path ./run --task gsm8k --num_samples 16 --ks 1 8 16
+
+The algorithm subcommands come from ``PRESETS`` (module, config class, trainer class), imported lazily; a preset
+whose module is missing from the installed version is left out rather than breaking the CLI.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Subcommand -> (module, config class, trainer class).
+PRESETS: dict[str, tuple[str, str, str]] = {
+    "dapo": ("trl_reasoning.dapo", "DAPOConfig", "DAPOTrainer"),
+    "cispo": ("trl_reasoning.cispo", "CISPOConfig", "CISPOTrainer"),
+    "dppo": ("trl_reasoning.dppo", "DPPOConfig", "DPPOTrainer"),
+    "maxrl": ("trl_reasoning.maxrl", "MaxRLConfig", "MaxRLTrainer"),
+    "rloo": ("trl_reasoning.rloo", "RLOOConfig", "RLOOTrainer"),
+    "dr_grpo": ("trl_reasoning.dr_grpo", "DrGRPOConfig", "DrGRPOTrainer"),
+    "scalerl": ("trl_reasoning.scalerl", "ScaleRLConfig", "ScaleRLTrainer"),
+    "reasoning": ("trl_reasoning.trainer", "ReasoningConfig", "ReasoningTrainer"),
+}
+#: Embedded tasks: `--task NAME` sets the dataset, its formatting and the default reward.
+TASKS = ("reverse", "gsm8k")
+#: Reward functions selectable by name in `--reward_funcs` (a dotted import path works too).
+REWARD_FUNCS: dict[str, str] = {
+    "math_answer_reward": "trl_reasoning.rewards_math:math_answer_reward",
+    "exact_match_reward": "trl_reasoning.demo.task:exact_match_reward",
+    "digit_reward": "trl_reasoning.demo.task:digit_reward",
+}
+_DEFAULT_REWARD = {"gsm8k": "math_answer_reward", "reverse": "exact_match_reward"}
+_GSM8K = ("openai/gsm8k", "main")
+
+
+def available_presets() -> list[str]:
+    """The algorithm subcommands whose module is importable in this installation."""
+    names = []
+    for name, (module, config, trainer) in PRESETS.items():
+        try:
+            imported = importlib.import_module(module)
+        except ImportError:
+            continue
+        if hasattr(imported, config) and hasattr(imported, trainer):
+            names.append(name)
+    return names
+
+
+def load_preset(name: str) -> tuple[type, type]:
+    """The `(config class, trainer class)` of an algorithm subcommand; an unknown name lists the available ones."""
+    if name not in PRESETS:
+        raise ValueError(f"Unknown algorithm {name!r}. Available: {', '.join(available_presets())}.")
+    module, config, trainer = PRESETS[name]
+    try:
+        imported = importlib.import_module(module)
+        return getattr(imported, config), getattr(imported, trainer)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(
+            f"Algorithm {name!r} needs {module}.{config}, which this installation of trl-reasoning does not have "
+            f"({error}). Available: {', '.join(available_presets())}."
+        ) from error
+
+
+def resolve_reward_funcs(names: Sequence[str]) -> list[Callable]:
+    """Reward functions from names in `REWARD_FUNCS` or dotted import paths (`my_pkg.rewards.fn`)."""
+    funcs = []
+    for name in names:
+        target = REWARD_FUNCS.get(name)
+        if target is None and "." in name:
+            target = ":".join(name.rsplit(".", 1))
+        if target is None:
+            raise ValueError(
+                f"--reward_funcs: unknown reward function {name!r}. Use one of {', '.join(REWARD_FUNCS)} or a dotted "
+                "import path such as 'my_package.rewards.my_reward'."
+            )
+        module, attribute = target.split(":")
+        sys.path.insert(0, os.getcwd())
+        try:
+            funcs.append(getattr(importlib.import_module(module), attribute))
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"--reward_funcs: cannot import {name!r} ({error}).") from error
+        finally:
+            sys.path.remove(os.getcwd())
+    return funcs
+
+
+@dataclass
+class DataArguments:
+    r"""
+    Dataset and reward arguments of the algorithm subcommands (TRL's `ScriptArguments` plus a task and rewards).
+
+    Parameters:
+        dataset_name (`str`, *optional*):
+            A dataset for `datasets.load_dataset` (Hub id or local path). Set by `task` when unset.
+        dataset_config (`str`, *optional*):
+            The dataset's configuration name.
+        dataset_train_split (`str`, *optional*, defaults to `"train"`), dataset_test_split (`str`, *optional*,
+        defaults to `"test"`):
+            Splits for training and held-out evaluation.
+        task (`str`, *optional*):
+            `"gsm8k"` (GSM8K prompts, `math_answer_reward`) or `"reverse"` (the embedded digit-reversal task, with the
+            cached warm-start tiny model when `model_name_or_path` is unset).
+        reward_funcs (`list[str]`, *optional*):
+            Reward function names (`math_answer_reward`, `exact_match_reward`, `digit_reward`) or dotted import paths.
+            Defaults to the task's reward.
+        pass_at_k_samples (`int`, *optional*, defaults to `0`):
+            With a held-out split, log pass@k every `eval_steps` from this many samples per prompt (0 = off).
+        pass_at_k (`list[int]`, *optional*, defaults to `[1]`):
+            The `k` values logged by the pass@k evaluation.
+        pass_at_k_max_prompts (`int`, *optional*):
+            Evaluate pass@k on at most this many held-out prompts.
+    """
+
+    dataset_name: str | None = field(default=None, metadata={"help": "Dataset for datasets.load_dataset."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration name."})
+    dataset_train_split: str = field(default="train", metadata={"help": "Training split."})
+    dataset_test_split: str = field(default="test", metadata={"help": "Held-out split."})
+    task: str | None = field(
+        default=None,
+        metadata={"help": "Embedded task: 'gsm8k' (math answers) or 'reverse' (the demo's digit reversal)."},
+    )
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={"help": f"Reward functions: {', '.join(REWARD_FUNCS)} or dotted import paths."},
+    )
+    pass_at_k_samples: int = field(
+        default=0, metadata={"help": "Samples per held-out prompt for pass@k logging every eval_steps (0 = off)."}
+    )
+    pass_at_k: list[int] = field(default_factory=lambda: [1], metadata={"help": "k values of the pass@k logging."})
+    pass_at_k_max_prompts: int | None = field(default=None, metadata={"help": "Held-out prompts for pass@k."})
+
+    def __post_init__(self):
+        if self.task is not None and self.task not in TASKS:
+            raise ValueError(f"--task: unknown task {self.task!r}. Allowed values: {', '.join(TASKS)}.")
+        if self.pass_at_k_samples < 0:
+            raise ValueError(f"--pass_at_k_samples must be >= 0, got {self.pass_at_k_samples}.")
+        if self.pass_at_k_samples and any(not 1 <= k <= self.pass_at_k_samples for k in self.pass_at_k):
+            raise ValueError(
+                f"--pass_at_k: every k must be between 1 and --pass_at_k_samples={self.pass_at_k_samples}, got "
+                f"{self.pass_at_k}."
+            )
+
+
+@dataclass
+class EvalArguments:
+    r"""
+    Arguments of `trl-reasoning eval`: pass@k of a saved model on a dataset with a reward function.
+
+    Parameters:
+        model_name_or_path (`str`):
+            The model folder (or Hub id) to evaluate.
+        task, dataset_name, dataset_config, split:
+            What to evaluate on: `task` `"gsm8k"` or `"reverse"`, or any dataset with a `prompt` column.
+        reward_funcs (`list[str]`, *optional*):
+            As for training; defaults to the task's reward.
+        num_samples (`int`, *optional*, defaults to `8`), ks (`list[int]`, *optional*, defaults to `[1, 8]`):
+            `n` and the `k` values of pass@k.
+        max_new_tokens, temperature, top_p, top_k, batch_size, max_prompts, success_threshold:
+            Sampling and evaluation settings (see `trl_reasoning.callbacks.evaluate_pass_at_k`).
+        output_json (`str`, *optional*):
+            Also write the metrics to this JSON file.
+    """
+
+    model_name_or_path: str | None = field(default=None, metadata={"help": "Model folder or Hub id to evaluate."})
+    task: str | None = field(default=None, metadata={"help": "Embedded task: 'gsm8k' or 'reverse'."})
+    dataset_name: str | None = field(default=None, metadata={"help": "Dataset for datasets.load_dataset."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration name."})
+    split: str = field(default="test", metadata={"help": "Split to evaluate."})
+    reward_funcs: list[str] | None = field(default=None, metadata={"help": "Reward functions judging correctness."})
+    num_samples: int = field(default=8, metadata={"help": "Samples per prompt (n)."})
+    ks: list[int] = field(default_factory=lambda: [1, 8], metadata={"help": "k values of pass@k."})
+    max_new_tokens: int = field(default=256, metadata={"help": "Maximum completion length."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling."})
+    top_k: int = field(default=0, metadata={"help": "Top-k sampling (0 = off)."})
+    batch_size: int = field(default=32, metadata={"help": "Prompts per generate call."})
+    max_prompts: int | None = field(default=None, metadata={"help": "Evaluate at most this many prompts."})
+    success_threshold: float = field(default=1.0, metadata={"help": "Reward at or above which a sample is correct."})
+    greedy: bool = field(default=True, metadata={"help": "Also report greedy accuracy."})
+    output_json: str | None = field(default=None, metadata={"help": "Write the metrics to this JSON file."})
+
+    def __post_init__(self):
+        if self.task is not None and self.task not in TASKS:
+            raise ValueError(f"--task: unknown task {self.task!r}. Allowed values: {', '.join(TASKS)}.")
+
+
+def load_task_dataset(task: str | None, dataset_name: str | None, dataset_config: str | None):
+    """The dataset (a `DatasetDict`) of an embedded task or of `load_dataset(dataset_name, dataset_config)`."""
+    from datasets import Dataset, DatasetDict, load_dataset
+
+    if task == "reverse" and dataset_name is None:
+        from .demo.task import ReversalTask
+
+        reversal = ReversalTask()
+        return DatasetDict(
+            {split: Dataset.from_list(reversal.rl_rows(split)) for split in ("train", "test")},
+        )
+    if task == "gsm8k" and dataset_name is None:
+        dataset_name, dataset_config = _GSM8K
+    if dataset_name is None:
+        raise ValueError("No dataset: set --dataset_name (or dataset_name: in the YAML recipe) or --task.")
+    dataset = load_dataset(dataset_name, name=dataset_config)
+    if task == "gsm8k":
+        from .rewards_math import format_gsm8k
+
+        dataset = dataset.map(format_gsm8k)
+    return dataset
+
+
+def _reward_funcs(names: list[str] | None, task: str | None) -> list[Callable]:
+    if not names:
+        if task is None:
+            raise ValueError("No reward function: set --reward_funcs (or reward_funcs: in the YAML) or --task.")
+        names = [_DEFAULT_REWARD[task]]
+    return resolve_reward_funcs(names)
+
+
+def _processing_class(model_name_or_path: str):
+    """The tokenizer to pass explicitly, or `None` to let TRL load it (see `demo.tiny.load_tokenizer`)."""
+    from .demo.tiny import has_generic_tokenizer, load_tokenizer
+
+    return load_tokenizer(model_name_or_path) if has_generic_tokenizer(model_name_or_path) else None
+
+
+def _prescan(argv: Sequence[str], key: str) -> Any:
+    """The value of `--key` on the command line, else of `key:` in the `--config` YAML, else `None`."""
+    flag = f"--{key}"
+    for i, arg in enumerate(argv):
+        if arg == flag:
+            return argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else True
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    if "--config" in argv:
+        import yaml
+
+        index = list(argv).index("--config")
+        if index + 1 >= len(argv):
+            raise ValueError("--config needs a YAML file path.")
+        with open(argv[index + 1]) as handle:
+            config = yaml.safe_load(handle) or {}
+        return config.get(key)
+    return None
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).lower() in ("1", "true", "yes")
+
+
+def make_parser(command: str, defaults: dict[str, Any] | None = None):
+    """The `TrlParser` of a subcommand (an algorithm, `demo` with its `--algorithm`'s config, or `eval`)."""
+    from trl import ModelConfig, TrlParser
+
+    prog = f"trl-reasoning {command}"
+    if command == "eval":
+        parser = TrlParser((EvalArguments,), prog=prog)
+    elif command == "demo":
+        from .demo.run import DemoArguments
+
+        algorithm = (defaults or {}).get("algorithm", "dapo")
+        config_class, _ = load_preset(algorithm)
+        parser = TrlParser((DemoArguments, config_class), prog=prog, description=_demo_description())
+    else:
+        config_class, trainer_class = load_preset(command)
+        parser = TrlParser(
+            (DataArguments, config_class, ModelConfig),
+            prog=prog,
+            description=f"Train with {trainer_class.__name__} ({config_class.__name__}: the defaults below are "
+            f"{getattr(trainer_class, '_name', command)}'s).",
+        )
+    _escape_percent_signs(parser)
+    if defaults:
+        parser.set_defaults(**defaults)
+    return parser
+
+
+def _escape_percent_signs(parser) -> None:
+    """argparse %-formats help strings: a literal `%` in a field's help text ("20% of …") would break `--help`."""
+    for action in parser._actions:
+        if action.help:
+            action.help = re.sub(r"%(?![(%])", "%%", action.help)
+
+
+def _demo_description() -> str:
+    return (
+        "Warm start a tiny model with SFT on a digit-reversal task taught by a sloppy teacher, train it with an RL "
+        "preset, and compare held-out accuracy, pass@1, pass@k and completion length before and after."
+    )
+
+
+def parse(command: str, argv: Sequence[str]) -> tuple:
+    """Parse `argv` for `command` into its dataclasses (the YAML of `--config` first, then the flags)."""
+    argv = list(argv)
+    defaults: dict[str, Any] = {}
+    if command == "demo":
+        from .demo.run import FAST_DEMO_DEFAULTS, demo_training_defaults
+
+        algorithm = _prescan(argv, "algorithm") or "dapo"
+        fast = _truthy(_prescan(argv, "fast"))
+        num_digits = int(_prescan(argv, "num_digits") or 4)
+        defaults = {"algorithm": algorithm, **demo_training_defaults(num_digits, fast)}
+        if fast:
+            defaults.update(FAST_DEMO_DEFAULTS)
+        parser = make_parser("demo", defaults)
+    else:
+        parser = make_parser(command)
+    return parser.parse_args_and_config(argv)
+
+
+def train(data_args: DataArguments, training_args, model_args, trainer_class: type):
+    """Train `trainer_class` as TRL's own scripts do: load the model by name, the dataset with `load_dataset`, the
+    reward functions by name; then save, write the model card and push to the Hub if asked."""
+    from trl import get_peft_config, get_quantization_config
+
+    from .callbacks import PassAtKCallback
+    from .model_card import with_reasoning_model_card
+
+    model_name_or_path = model_args.model_name_or_path
+    if model_name_or_path is None:
+        if data_args.task != "reverse":
+            raise ValueError("No model: set --model_name_or_path (or model_name_or_path: in the YAML recipe).")
+        from .demo.task import ReversalTask
+        from .demo.warm_start import warm_start
+
+        model_name_or_path = str(warm_start(ReversalTask())[0])
+    dataset = load_task_dataset(data_args.task, data_args.dataset_name, data_args.dataset_config)
+    if data_args.dataset_train_split not in dataset:
+        raise ValueError(
+            f"--dataset_train_split: the dataset has no split {data_args.dataset_train_split!r}; it has "
+            f"{', '.join(dataset)}."
+        )
+    test = dataset[data_args.dataset_test_split] if data_args.dataset_test_split in dataset else None
+    reward_funcs = _reward_funcs(data_args.reward_funcs, data_args.task)
+
+    model_init_kwargs = dict(
+        revision=model_args.model_revision,
+        attn_implementation=model_args.attn_implementation,
+        dtype=model_args.dtype,
+    )
+    if getattr(model_args, "trust_remote_code", False):
+        model_init_kwargs["trust_remote_code"] = True
+    model_init_kwargs = {key: value for key, value in model_init_kwargs.items() if value is not None}
+    model_init_kwargs.update(training_args.model_init_kwargs or {})
+    training_args.model_init_kwargs = model_init_kwargs
+
+    trainer_class = with_reasoning_model_card(trainer_class)
+    trainer = trainer_class(
+        model=model_name_or_path,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=dataset[data_args.dataset_train_split],
+        eval_dataset=test if training_args.eval_strategy != "no" else None,
+        processing_class=_processing_class(model_name_or_path),
+        quantization_config=get_quantization_config(model_args),
+        peft_config=get_peft_config(model_args),
+    )
+    if data_args.pass_at_k_samples and test is not None:
+        trainer.add_callback(
+            PassAtKCallback(
+                trainer,
+                test,
+                reward_funcs,
+                num_samples=data_args.pass_at_k_samples,
+                ks=data_args.pass_at_k,
+                max_prompts=data_args.pass_at_k_max_prompts,
+            )
+        )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    dataset_name = data_args.dataset_name or (_GSM8K[0] if data_args.task == "gsm8k" else None)
+    trainer.create_model_card(dataset_name=dataset_name)
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=dataset_name)
+    trainer.accelerator.print(f"Model and model card saved to {training_args.output_dir}.")
+    return trainer
+
+
+def evaluate(eval_args: EvalArguments) -> dict[str, float]:
+    """`trl-reasoning eval`: pass@k (and greedy accuracy, reward, length) of a saved model on a dataset split."""
+    from transformers import AutoModelForCausalLM
+
+    from .callbacks import evaluate_pass_at_k
+    from .demo.tiny import load_tokenizer
+
+    if eval_args.model_name_or_path is None:
+        raise ValueError("trl-reasoning eval needs --model_name_or_path.")
+    dataset = load_task_dataset(eval_args.task, eval_args.dataset_name, eval_args.dataset_config)
+    if eval_args.split not in dataset:
+        raise ValueError(f"--split: the dataset has no split {eval_args.split!r}; it has {', '.join(dataset)}.")
+    tokenizer = load_tokenizer(eval_args.model_name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(eval_args.model_name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    metrics = evaluate_pass_at_k(
+        model,
+        tokenizer,
+        dataset[eval_args.split],
+        _reward_funcs(eval_args.reward_funcs, eval_args.task),
+        num_samples=eval_args.num_samples,
+        ks=eval_args.ks,
+        max_new_tokens=eval_args.max_new_tokens,
+        temperature=eval_args.temperature,
+        top_p=eval_args.top_p,
+        top_k=eval_args.top_k,
+        batch_size=eval_args.batch_size,
+        success_threshold=eval_args.success_threshold,
+        greedy=eval_args.greedy,
+        max_prompts=eval_args.max_prompts,
+    )
+    print(f"{eval_args.model_name_or_path} on {eval_args.task or eval_args.dataset_name} [{eval_args.split}]")
+    print("| metric | value |\n|---|---:|")
+    for key, value in metrics.items():
+        print(f"| {key} | {value:.4f} |")
+    if eval_args.output_json:
+        with open(eval_args.output_json, "w") as handle:
+            json.dump(metrics, handle, indent=2)
+    return metrics
+
+
+def _usage() -> str:
+    presets = available_presets()
+    lines = [
+        "usage: trl-reasoning <command> [--config recipe.yaml] [--field value ...]",
+        "",
+        "commands:",
+        *[f"  {name:<10} train with {PRESETS[name][2]} ({PRESETS[name][1]})" for name in presets],
+        "  demo       the offline demo: warm start, RL, before/after table, curves, model card",
+        "  eval       pass@k of a saved model on a dataset with a reward function",
+        "",
+        "`trl-reasoning <command> --help` lists every field with its default.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> Any:
+    """Entry point of the `trl-reasoning` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return None
+    command, rest = argv[0], argv[1:]
+    if command not in ("demo", "eval") and command not in PRESETS:
+        print(_usage(), file=sys.stderr)
+        raise SystemExit(f"trl-reasoning: unknown command {command!r}.")
+    if command == "demo":
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from .demo.run import run_demo
+
+        demo_args, training_args = parse("demo", rest)
+        _, trainer_class = load_preset(demo_args.algorithm)
+        return run_demo(demo_args, training_args, trainer_class)
+    if command == "eval":
+        (eval_args,) = parse("eval", rest)
+        return evaluate(eval_args)
+    data_args, training_args, model_args = parse(command, rest)
+    return train(data_args, training_args, model_args, load_preset(command)[1])
+
+
+if __name__ == "__main__":
+    main()
