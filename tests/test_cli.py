@@ -1,0 +1,169 @@
+"""The `trl-reasoning` CLI: subcommands, TrlParser YAML + flags, --help defaults, training, eval, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trl_reasoning import cli
+from trl_reasoning.rewards_math import (
+    extract_final_answer,
+    extract_gsm8k_reference,
+    format_gsm8k,
+    math_answer_reward,
+    normalize_number,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_usage_lists_every_preset(capsys):
+    cli.main([])
+    out = capsys.readouterr().out
+    for name in ("dapo", "cispo", "dppo", "maxrl", "rloo", "dr_grpo", "demo", "eval"):
+        assert f"  {name} " in out
+    assert set(cli.available_presets()) >= {"dapo", "cispo", "dppo", "maxrl", "rloo", "dr_grpo", "reasoning"}
+
+
+def test_unknown_command_and_algorithm():
+    with pytest.raises(SystemExit, match="unknown command 'ppo'"):
+        cli.main(["ppo"])
+    with pytest.raises(ValueError, match="Unknown algorithm 'ppo'. Available: dapo"):
+        cli.load_preset("ppo")
+
+
+def test_missing_preset_module_is_left_out(monkeypatch):
+    monkeypatch.setitem(cli.PRESETS, "future", ("trl_reasoning.not_yet_here", "FutureConfig", "FutureTrainer"))
+    assert "future" not in cli.available_presets()
+    with pytest.raises(ValueError, match="needs trl_reasoning.not_yet_here.FutureConfig"):
+        cli.load_preset("future")
+
+
+def test_help_lists_the_algorithm_fields_with_paper_defaults(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["dapo", "--help"])
+    assert exit_info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "trl-reasoning dapo" in out
+    assert "--epsilon_high EPSILON_HIGH" in out and "(default: 0.28)" in out
+    assert "--policy_loss POLICY_LOSS" in out and "(default: clip)" in out
+    assert "--model_name_or_path" in out and "--reward_funcs" in out and "--pass_at_k_samples" in out
+
+
+def test_yaml_sets_defaults_and_flags_override(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("task: gsm8k\nlearning_rate: 2.0e-6\nepsilon_high: 0.3\nmodel_name_or_path: org/model\n")
+    data, args, model = cli.parse(
+        "cispo",
+        ["--config", str(recipe), "--learning_rate", "3e-6", "--use_cpu", "true", "--output_dir", str(tmp_path)],
+    )
+    assert type(args).__name__ == "CISPOConfig"
+    assert args.learning_rate == 3e-6 and args.epsilon_high == 0.3 and args.policy_loss == "cispo"
+    assert data.task == "gsm8k" and model.model_name_or_path == "org/model"
+
+
+def test_bad_values_name_the_field(tmp_path):
+    with pytest.raises(ValueError, match="--task: unknown task 'algebra'"):
+        cli.parse("dapo", ["--task", "algebra", "--use_cpu", "true"])
+    with pytest.raises(ValueError, match="--pass_at_k: every k must be between 1 and --pass_at_k_samples=2"):
+        cli.parse("dapo", ["--pass_at_k_samples", "2", "--pass_at_k", "1", "4", "--use_cpu", "true"])
+    with pytest.raises(ValueError, match="Unknown policy loss .nope."):
+        cli.parse("dapo", ["--policy_loss", "nope", "--use_cpu", "true"])
+    with pytest.raises(ValueError, match="--reward_funcs: unknown reward function 'nope'"):
+        cli.resolve_reward_funcs(["nope"])
+    with pytest.raises(ValueError, match="cannot import 'nowhere.fn'"):
+        cli.resolve_reward_funcs(["nowhere.fn"])
+    assert cli.resolve_reward_funcs(["math_answer_reward", "trl_reasoning.demo.task.digit_reward"]) == [
+        math_answer_reward,
+        cli.resolve_reward_funcs(["digit_reward"])[0],
+    ]
+
+
+def test_gsm8k_answer_extraction_and_reward():
+    assert extract_gsm8k_reference("She pays 3 * 4 = <<3*4=12>>12 dollars.\n#### 1,200") == "1200"
+    assert extract_final_answer("so the total is \\boxed{\\frac{1}{2}} or \\boxed{42}") == "42"
+    assert extract_final_answer("The answer is $1,234.50.") == "1234.5"
+    assert extract_final_answer("Steps: 3 + 4 = 7, then 7 * 2 = 14") == "14"
+    assert extract_final_answer("#### -3") == "-3" and extract_final_answer("no number") is None
+    assert normalize_number("4.0") == "4" and normalize_number("0.50") == "0.5"
+    completions = [[{"role": "assistant", "content": c}] for c in ("\\boxed{18}", "it is 17", "18.0 apples", "")]
+    assert math_answer_reward(completions, answer=["18", "18", "#### 18", "18"]) == [1.0, 0.0, 1.0, 0.0]
+    row = format_gsm8k({"question": "How many?", "answer": "2 + 2 = 4\n#### 4"})
+    assert row["answer"] == "4" and row["prompt"][-1] == {"role": "user", "content": "How many?"}
+    assert row["prompt"][0]["role"] == "system"
+    with pytest.raises(ValueError, match="####"):
+        extract_gsm8k_reference("no marker")
+
+
+@pytest.mark.slow
+def test_algorithm_subcommand_trains_saves_and_evaluates(tiny_model_path, tmp_path, capsys):
+    out = tmp_path / "run"
+    trainer = cli.main(
+        [
+            "dapo",
+            "--config",
+            str(ROOT / "recipes/dapo/tiny-reverse-cpu.yaml"),
+            "--model_name_or_path",
+            tiny_model_path,
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "8",
+            "--num_generations",
+            "4",
+            "--pass_at_k_samples",
+            "2",
+            "--pass_at_k",
+            "1",
+            "2",
+            "--pass_at_k_max_prompts",
+            "4",
+            "--eval_steps",
+            "1",
+            "--dynamic_sampling",
+            "false",
+        ]
+    )
+    assert type(trainer.args).__name__ == "DAPOConfig" and trainer.state.global_step == 2
+    assert sum("eval_pass@2" in entry for entry in trainer.state.log_history) == 2
+    card = (out / "README.md").read_text()
+    assert "Trained with **DAPO**" in card and "@article{yu2025dapo," in card
+    assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
+
+    metrics_file = tmp_path / "metrics.json"
+    metrics = cli.main(
+        [
+            "eval",
+            "--model_name_or_path",
+            str(out),
+            "--task",
+            "reverse",
+            "--num_samples",
+            "2",
+            "--ks",
+            "1",
+            "2",
+            "--max_prompts",
+            "4",
+            "--max_new_tokens",
+            "6",
+            "--output_json",
+            str(metrics_file),
+        ]
+    )
+    assert set(metrics) >= {"pass@1", "pass@2", "accuracy", "reward", "mean_length"} and metrics["num_prompts"] == 4
+    assert json.loads(metrics_file.read_text())["pass@2"] == metrics["pass@2"]
+    assert "| pass@1 |" in capsys.readouterr().out
+
+
+def test_eval_needs_a_model_and_a_known_split(tmp_path):
+    with pytest.raises(ValueError, match="needs --model_name_or_path"):
+        cli.main(["eval", "--task", "reverse"])
+    with pytest.raises(ValueError, match="--split: the dataset has no split 'validation'"):
+        cli.main(["eval", "--model_name_or_path", str(tmp_path), "--task", "reverse", "--split", "validation"])
+    with pytest.raises(ValueError, match="No dataset: set --dataset_name"):
+        cli.load_task_dataset(None, None, None)

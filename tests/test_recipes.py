@@ -1,0 +1,140 @@
+"""Every recipe parses offline into its algorithm's config; accelerate configs load; the demo recipe runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trl_reasoning import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipes"
+ALGORITHMS = ("dapo", "cispo", "dppo", "maxrl", "rloo", "dr_grpo", "scalerl")
+GSM8K_RECIPES = sorted(RECIPES.glob("*/qwen2.5-*-gsm8k*.yaml"))
+# Recipes target GPUs (bf16); parsing them here only needs the config to accept a CPU.
+CPU = ["--use_cpu", "true"]
+
+
+def test_every_algorithm_has_full_lora_qlora_and_vllm_recipes():
+    for algorithm in ALGORITHMS:
+        names = {path.name for path in (RECIPES / algorithm).glob("*.yaml")}
+        for variant in ("", "-lora", "-qlora", "-vllm"):
+            assert f"qwen2.5-1.5b-gsm8k{variant}.yaml" in names, (algorithm, variant)
+
+
+@pytest.mark.parametrize("path", GSM8K_RECIPES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_recipe_parses_into_its_config(path, tmp_path):
+    algorithm = path.parent.name
+    if algorithm not in cli.available_presets():
+        pytest.skip(f"{algorithm} is not in this installation")
+    config_class, _ = cli.load_preset(algorithm)
+    raw = yaml.safe_load(path.read_text())
+    data, args, model = cli.parse(algorithm, ["--config", str(path), *CPU])
+    assert type(args) is config_class
+    # every key of the YAML landed in one of the three dataclasses, with its value
+    for key, value in raw.items():
+        owner = next(obj for obj in (data, args, model) if hasattr(obj, key))
+        parsed = getattr(owner, key)
+        parsed = getattr(parsed, "value", parsed)
+        if key == "report_to":
+            assert parsed in ([], ["none"], "none"), parsed
+        elif key != "lr_scheduler_type":
+            assert parsed == value, (key, parsed, value)
+    assert model.model_name_or_path.startswith("Qwen/") and data.task == "gsm8k"
+    assert data.reward_funcs == ["math_answer_reward"] and args.bf16
+    variant = path.stem.rsplit("gsm8k", 1)[1]
+    assert model.use_peft == (variant in ("-lora", "-qlora"))
+    assert model.load_in_4bit == (variant == "-qlora")
+    assert args.use_vllm == (variant == "-vllm") and (variant != "-vllm" or args.vllm_mode == "colocate")
+    # the recipe's reward resolves, and the launch command in its header names an accelerate config that exists
+    assert cli.resolve_reward_funcs(data.reward_funcs)
+    header = path.read_text().split("\n\n", 1)[0]
+    accelerate_config = header.split("--config_file ", 1)[1].split()[0]
+    assert (ROOT / accelerate_config).is_file() and f"trl_reasoning.cli {algorithm}" in header
+
+
+def test_gsm8k_recipes_use_each_algorithms_paper_defaults(tmp_path):
+    _, dapo, _ = cli.parse("dapo", ["--config", str(RECIPES / "dapo/qwen2.5-1.5b-gsm8k.yaml"), *CPU])
+    assert (dapo.epsilon, dapo.epsilon_high, dapo.loss_aggregation) == (0.2, 0.28, "token_mean")
+    assert dapo.overlong_cache_length == round(0.2 * dapo.max_completion_length)
+    _, cispo, _ = cli.parse("cispo", ["--config", str(RECIPES / "cispo/qwen2.5-1.5b-gsm8k.yaml"), *CPU])
+    assert (cispo.policy_loss, cispo.epsilon_high) == ("cispo", 5.0)
+    _, rloo, _ = cli.parse("rloo", ["--config", str(RECIPES / "rloo/qwen2.5-1.5b-gsm8k.yaml"), *CPU])
+    assert (rloo.advantage_estimator, rloo.beta, rloo.kl_in_reward) == ("rloo", 0.05, True)
+
+
+@pytest.mark.parametrize("name", ["ddp", "zero2", "zero3", "fsdp2", "multi_node"])
+def test_accelerate_configs_load(name):
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    config = ClusterConfig.from_yaml_file(str(RECIPES / "accelerate" / f"{name}.yaml"))
+    expected = {
+        "ddp": "MULTI_GPU",
+        "zero2": "DEEPSPEED",
+        "zero3": "DEEPSPEED",
+        "fsdp2": "FSDP",
+        "multi_node": "DEEPSPEED",
+    }
+    assert str(getattr(config.distributed_type, "value", config.distributed_type)) == expected[name]
+    if name in ("zero2", "zero3"):
+        assert config.deepspeed_config["zero_stage"] == int(name[-1])
+    if name == "fsdp2":
+        assert config.fsdp_config["fsdp_version"] == 2
+    if name == "multi_node":
+        assert config.num_machines == 2 and config.main_process_ip and config.num_processes == 16
+    readme = (RECIPES / "README.md").read_text()
+    assert f"recipes/accelerate/{name}.yaml" in readme
+
+
+def test_recipes_readme_has_the_launch_commands():
+    readme = (RECIPES / "README.md").read_text()
+    assert "accelerate launch --config_file recipes/accelerate/zero2.yaml -m trl_reasoning.cli dapo" in readme
+    assert "trl-reasoning demo" in readme and "trl-reasoning eval" in readme
+
+
+def test_demo_recipe_parses():
+    demo, args = cli.parse("demo", ["--config", str(RECIPES / "demo.yaml")])
+    raw = yaml.safe_load((RECIPES / "demo.yaml").read_text())
+    assert demo.algorithm == raw["algorithm"] == "dapo" and type(args).__name__ == "DAPOConfig"
+    assert (args.max_steps, args.learning_rate, args.use_cpu) == (raw["max_steps"], raw["learning_rate"], True)
+    assert demo.warm_start_steps == raw["warm_start_steps"] and demo.eval_k == raw["eval_k"]
+    demo, args = cli.parse("demo", ["--config", str(RECIPES / "demo.yaml"), "--algorithm", "cispo"])
+    assert demo.algorithm == "cispo" and type(args).__name__ == "CISPOConfig"
+
+
+@pytest.mark.slow
+def test_demo_recipe_runs_a_few_steps(tmp_path, capsys):
+    result = cli.main(
+        [
+            "demo",
+            "--config",
+            str(RECIPES / "demo.yaml"),
+            "--fast",
+            "--warm_start_steps",
+            "10",
+            "--num_train",
+            "64",
+            "--num_test",
+            "4",
+            "--eval_num_samples",
+            "2",
+            "--eval_k",
+            "2",
+            "--eval_every",
+            "0",
+            "--max_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "8",
+            "--num_generations",
+            "4",
+            "--cache_dir",
+            str(tmp_path / "cache"),
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert result["algorithm"] == "dapo" and (tmp_path / "out" / "README.md").exists()
+    assert "| warm start (SFT) |" in capsys.readouterr().out
