@@ -43,6 +43,17 @@ def build_model(tokenizer, vocab: int, hidden: int = 128, layers: int = 2):
     return Qwen2ForCausalLM(config)
 
 
+def saved_model(tokenizer, vocab: int, hidden: int = 128, layers: int = 2) -> str:
+    """``build_model`` saved with its tokenizer to a temporary folder; trainers load the policy and, when ``beta > 0``,
+    the reference model from that path (TRL builds the reference from the model's ``name_or_path``)."""
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="bench-model-")
+    build_model(tokenizer, vocab, hidden, layers).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def make_rollout(tokenizer, length: int):
     """A ``rollout_func`` returning, for each prompt, ``length`` token ids derived from a hash (no sampling)."""
 

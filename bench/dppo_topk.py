@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import build_model, cpu_threads, hash_reward, make_rollout, measure_train, prompt_dataset, run_worker  # noqa: E402
+from _common import cpu_threads, hash_reward, make_rollout, measure_train, prompt_dataset, run_worker, saved_model  # noqa: E402
 from _results import record  # noqa: E402
 
 CONFIGS = {
@@ -54,7 +54,7 @@ def worker(name: str, steps: int, vocab: int, length: int) -> dict:
         **overrides,
     )
     trainer = trainer_class(
-        model=build_model(tokenizer, vocab),
+        model=saved_model(tokenizer, vocab),
         reward_funcs=hash_reward,
         args=args,
         train_dataset=prompt_dataset(),

@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import build_model, cpu_threads, hash_reward, make_rollout, measure_train, prompt_dataset, run_worker  # noqa: E402
+from _common import cpu_threads, hash_reward, make_rollout, measure_train, prompt_dataset, run_worker, saved_model  # noqa: E402
 from _results import record  # noqa: E402
 
 # trainer -> (our overrides, the closest TRL GRPOConfig settings). Both sides share the common settings below.
@@ -66,7 +66,7 @@ def worker(trainer_name: str, side: str, steps: int, vocab: int, length: int) ->
     )
     args = config_class(**cpu_config_kwargs(), **{**common, **overrides})
     trainer = trainer_class(
-        model=build_model(tokenizer, vocab),
+        model=saved_model(tokenizer, vocab),
         reward_funcs=hash_reward,
         args=args,
         train_dataset=prompt_dataset(),
@@ -83,12 +83,14 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--length", type=int, default=64, help="completion length in tokens")
     parser.add_argument("--trainers", nargs="*", default=list(PAIRS), choices=list(PAIRS))
-    parser.add_argument("--quick", action="store_true", help="DAPO only, 2 steps, small model: checks the script runs")
+    parser.add_argument("--quick", action="store_true", help="3 steps, small model, DAPO unless --trainers: checks the script runs")
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=2, metavar=("TRAINER", "SIDE"), help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.quick:
-        options.steps, options.repeats, options.vocab, options.length, options.trainers = 3, 1, 512, 16, ["DAPO"]
+        options.steps, options.repeats, options.vocab, options.length = 3, 1, 512, 16
+        if options.trainers == list(PAIRS):
+            options.trainers = ["DAPO"]
     if options.worker_out:
         result = worker(*options.worker, options.steps, options.vocab, options.length)
         with open(options.worker_out, "w") as f:
