@@ -50,10 +50,11 @@ def main(model_path: str, out_dir: str) -> None:
     decisions, rows = [], []
     original = trainer._finalize_batch
 
-    def record(output, rewards, active_groups, mode, local_rows):
-        original(output, rewards, active_groups, mode, local_rows)
+    def record(output, rewards, active_groups, mode, local_rows, **kwargs):
+        advantages = original(output, rewards, active_groups, mode, local_rows, **kwargs)
         decisions.append({"rewards": rewards.tolist(), "active": active_groups.tolist()})
         rows.append(int(output["completion_ids"].shape[0]))
+        return advantages
 
     trainer._finalize_batch = record
     trainer.train()

@@ -62,8 +62,8 @@ class Recorder:
         self.batches = []
         original = trainer._finalize_batch
 
-        def finalize(output, rewards, active_groups, mode, local_rows):
-            original(output, rewards, active_groups, mode, local_rows)
+        def finalize(output, rewards, active_groups, mode, local_rows, **kwargs):
+            advantages = original(output, rewards, active_groups, mode, local_rows, **kwargs)
             if mode == "train":
                 self.batches.append(
                     {
@@ -73,6 +73,7 @@ class Recorder:
                         "advantages": output["advantages"].clone(),
                     }
                 )
+            return advantages
 
         trainer._finalize_batch = finalize
 
@@ -332,3 +333,22 @@ def test_two_processes_make_the_same_decisions(tiny_model_path, tmp_path):
     assert reports[0]["steps"] == 2
     # The reward keeps different numbers of groups on the two ranks' halves of the first round.
     assert any(r > 1 for r in reports[0]["rounds"])
+
+
+def test_completions_table_logs_what_each_row_trains_with(tiny_model_path, tmp_path):
+    """TRL's completions table keeps one batch of rows; with several rounds they are the last round's, and each
+    must show the advantage it trains with (0 for a dropped group), aligned with its prompt."""
+    trainer, recorder = _build(
+        tiny_model_path, flagged_prompts(12, 4), flagged_reward, output_dir=str(tmp_path), max_steps=1
+    )
+    trainer.train()
+    prompts = [_text(p) for p in trainer._logs["prompt"]]
+    advantages = list(trainer._logs["advantages"])
+    assert len(prompts) == len(advantages) == 8
+    assert any("fixed" in prompt for prompt in prompts) and any("open" in prompt for prompt in prompts)
+    for prompt, advantage in zip(prompts, advantages):
+        if "fixed" in prompt:
+            assert advantage == 0.0  # a fixed prompt's group is never informative
+    trained = sorted(abs(a) for a in recorder.batches[0]["advantages"].tolist())
+    logged_nonzero = sorted(abs(a) for a in advantages if a != 0.0)
+    assert set(logged_nonzero) <= {round(a, 6) for a in trained} | set(trained)

@@ -68,9 +68,10 @@ class Recorder:
         self.batches = []
         original = trainer._finalize_batch
 
-        def finalize(output, rewards, active_groups, mode, local_rows):
-            original(output, rewards, active_groups, mode, local_rows)
+        def finalize(output, rewards, active_groups, mode, local_rows, **kwargs):
+            advantages = original(output, rewards, active_groups, mode, local_rows, **kwargs)
             self.batches.append({"rewards": rewards.clone(), "advantages": output["advantages"].clone()})
+            return advantages
 
         trainer._finalize_batch = finalize
 

@@ -777,9 +777,12 @@ class ReasoningTrainer(GRPOTrainer):
         start = self.accelerator.process_index * local_size
         return slice(start, start + local_size)
 
-    def _finalize_batch(self, output, rewards, active_groups, mode: str, local_rows: slice) -> None:
+    def _finalize_batch(
+        self, output, rewards, active_groups, mode: str, local_rows: slice, log_advantages: bool = True
+    ) -> torch.Tensor:
         """Advantages and loss weights of the gathered batch, fixed on its active groups (all groups when
-        ``active_groups`` is ``None``); the rows of this process go into ``output``."""
+        ``active_groups`` is ``None``); the rows of this process go into ``output``. Returns the gathered
+        advantages."""
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         estimator_kwargs = {}
         if self.args.advantage_estimator == "maxrl":
@@ -815,9 +818,11 @@ class ReasoningTrainer(GRPOTrainer):
         output["advantages"] = advantages[local_rows]
         output["loss_weights"] = weights[local_rows]
 
-        self._logs["advantages"].extend(advantages.tolist())
+        if log_advantages:
+            self._logs["advantages"].extend(advantages.tolist())
         self._metrics[mode]["advantages/mean"].append(advantages.mean().item())
         self._metrics[mode]["advantages/abs_mean"].append(advantages.abs().mean().item())
+        return advantages
 
     # ------------------------------------------------------------------ sampling: DAPO and ScaleRL
     def _dynamic_sampling_batch(self, inputs):
@@ -837,6 +842,7 @@ class ReasoningTrainer(GRPOTrainer):
             if round_index > 0:
                 round_inputs = self._extra_round_inputs(local_size, template=inputs[0])
             output, rewards, task_rewards = self._score_round(round_inputs, "train")
+            self._logs["advantages"].extend([0.0] * rewards.numel())  # placeholders, set below for the last round
             informative = informative_groups(task_rewards, num_generations)
             self._retire_passing_prompts(round_inputs, task_rewards)
             rounds.append((self._gather_rows(output, local_size), rewards, informative))
@@ -874,7 +880,18 @@ class ReasoningTrainer(GRPOTrainer):
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         active_groups = torch.tensor(active, dtype=torch.bool, device=rewards.device)
         self._log_sampling_metrics(len(rounds), flags, active_groups, cap_hit=cap_hit)
-        self._finalize_batch(output, rewards, active_groups, "train", local_rows)
+        advantages = self._finalize_batch(output, rewards, active_groups, "train", local_rows, log_advantages=False)
+        # The completions table keeps the last round's rows (its deques hold one batch): log what each of them
+        # trains with, 0 for the groups that were dropped.
+        last_round = len(rounds) - 1
+        logged_values = [0.0] * rounds[last_round][1].numel()
+        for position, (round_index, row) in enumerate(row_sources):
+            if round_index == last_round:
+                logged_values[row] = advantages[position].item()
+        logged = self._logs["advantages"]
+        for _ in range(min(len(logged), len(logged_values))):
+            logged.pop()
+        logged.extend(logged_values)
         return output
 
     def _gather_rows(self, output: dict, local_size: int) -> dict[str, torch.Tensor]:
