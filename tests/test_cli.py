@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_usage_lists_every_preset(capsys):
-    cli.main([])
+    cli.run([])
     out = capsys.readouterr().out
     for name in ("dapo", "cispo", "dppo", "maxrl", "rloo", "dr_grpo", "demo", "eval"):
         assert f"  {name} " in out
@@ -29,7 +29,7 @@ def test_usage_lists_every_preset(capsys):
 
 def test_unknown_command_and_algorithm():
     with pytest.raises(SystemExit, match="unknown command 'ppo'"):
-        cli.main(["ppo"])
+        cli.run(["ppo"])
     with pytest.raises(ValueError, match="Unknown algorithm 'ppo'. Available: dapo"):
         cli.load_preset("ppo")
 
@@ -43,7 +43,7 @@ def test_missing_preset_module_is_left_out(monkeypatch):
 
 def test_help_lists_the_algorithm_fields_with_paper_defaults(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["dapo", "--help"])
+        cli.run(["dapo", "--help"])
     assert exit_info.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "trl-reasoning dapo" in out
@@ -100,7 +100,7 @@ def test_gsm8k_answer_extraction_and_reward():
 @pytest.mark.slow
 def test_algorithm_subcommand_trains_saves_and_evaluates(tiny_model_path, tmp_path, capsys):
     out = tmp_path / "run"
-    trainer = cli.main(
+    trainer = cli.run(
         [
             "dapo",
             "--config",
@@ -135,7 +135,7 @@ def test_algorithm_subcommand_trains_saves_and_evaluates(tiny_model_path, tmp_pa
     assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
 
     metrics_file = tmp_path / "metrics.json"
-    metrics = cli.main(
+    metrics = cli.run(
         [
             "eval",
             "--model_name_or_path",
@@ -162,8 +162,8 @@ def test_algorithm_subcommand_trains_saves_and_evaluates(tiny_model_path, tmp_pa
 
 def test_eval_needs_a_model_and_a_known_split(tmp_path):
     with pytest.raises(ValueError, match="needs --model_name_or_path"):
-        cli.main(["eval", "--task", "reverse"])
+        cli.run(["eval", "--task", "reverse"])
     with pytest.raises(ValueError, match="--split: the dataset has no split 'validation'"):
-        cli.main(["eval", "--model_name_or_path", str(tmp_path), "--task", "reverse", "--split", "validation"])
+        cli.run(["eval", "--model_name_or_path", str(tmp_path), "--task", "reverse", "--split", "validation"])
     with pytest.raises(ValueError, match="No dataset: set --dataset_name"):
         cli.load_task_dataset(None, None, None)

@@ -106,7 +106,7 @@ def test_demo_recipe_parses():
 
 @pytest.mark.slow
 def test_demo_recipe_runs_a_few_steps(tmp_path, capsys):
-    result = cli.main(
+    result = cli.run(
         [
             "demo",
             "--config",

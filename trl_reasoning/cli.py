@@ -444,8 +444,16 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> Any:
-    """Entry point of the `trl-reasoning` console script."""
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the `trl-reasoning` console script (exit status 0 on success)."""
+    run(argv)
+
+
+def run(argv: Sequence[str] | None = None) -> Any:
+    """
+    Run a `trl-reasoning` command line and return its result: the trained trainer for an algorithm subcommand, the
+    demo's results dict for `demo`, the metrics dict for `eval`, `None` for the usage text.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not argv or argv[0] in ("-h", "--help", "help"):

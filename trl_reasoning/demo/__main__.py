@@ -6,10 +6,10 @@ import sys
 
 
 def main(argv: list[str] | None = None):
-    """Run the demo with `argv` (default: the command line), as `trl-reasoning demo` does."""
-    from trl_reasoning.cli import main as cli_main
+    """Run the demo with `argv` (default: the command line), as `trl-reasoning demo` does; returns its results."""
+    from trl_reasoning.cli import run
 
-    return cli_main(["demo", *(sys.argv[1:] if argv is None else argv)])
+    return run(["demo", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
