@@ -97,7 +97,7 @@ def demo_training_defaults(num_digits: int = 4, fast: bool = False) -> dict[str,
     from .tiny import cpu_config_kwargs
 
     defaults = cpu_config_kwargs(
-        output_dir="trl-reasoning-demo",
+        output_dir="outputs/trl-reasoning-demo",
         per_device_train_batch_size=128,
         num_generations=8,
         max_completion_length=num_digits + 2,
