@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--length", type=int, default=64, help="completion length in tokens")
     parser.add_argument("--trainers", nargs="*", default=list(PAIRS), choices=list(PAIRS))
-    parser.add_argument("--quick", action="store_true", help="3 steps, small model, DAPO unless --trainers: checks the script runs")
+    parser.add_argument(
+        "--quick", action="store_true", help="3 steps, small model, DAPO unless --trainers: checks the script runs"
+    )
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=2, metavar=("TRAINER", "SIDE"), help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
@@ -129,6 +131,12 @@ def main(argv: list[str] | None = None) -> str:
             f"{min(ours['time']):.4f}-{max(ours['time']):.4f} | {min(trl['time']):.4f}-{max(trl['time']):.4f} | "
             f"{m_ours:.0f} | {m_trl:.0f} | {m_ours / m_trl:.2f} |"
         )
+    if "RLOO" in options.trainers:
+        lines += [
+            "",
+            "RLOO puts `beta` in the reward with `log pi_old - log pi_ref`, so it makes one no-grad forward for "
+            "`log pi_old` that an on-policy GRPOTrainer skips; TRL's own RLOOTrainer makes the same forward.",
+        ]
     table = "\n".join(lines)
     print(table)
     if not options.quick:
