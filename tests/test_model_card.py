@@ -102,3 +102,45 @@ def test_card_section_without_paper_or_changes(tmp_path):
     assert "Trained with **custom**" in section and "arxiv" not in section
     # only the CPU settings differ from the defaults
     assert "| `use_cpu` | `True` |" in section
+
+
+def test_push_to_hub_uploads_the_reasoning_card(tiny_model_path, tmp_path, monkeypatch):
+    """`push_to_hub` works as in TRL (transformers' Trainer.push_to_hub), with the hub calls faked offline."""
+    import transformers.trainer
+
+    uploaded = {}
+
+    class FakeApi:
+        def create_repo(self, repo_name, **kwargs):
+            uploaded["repo"] = repo_name
+            return type("RepoUrl", (), {"repo_id": f"me/{Path(repo_name).name}"})()
+
+        def upload_folder(self, repo_id, folder_path, **kwargs):
+            uploaded.update(repo_id=repo_id, files=sorted(p.name for p in Path(folder_path).iterdir()))
+            uploaded["card"] = (Path(folder_path) / "README.md").read_text()
+
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: FakeApi())
+    out = tmp_path / "pushed"
+    args = MaxRLConfig(
+        **cpu_config_kwargs(output_dir=str(out)),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=1,
+        hub_model_id="pushed",
+    )
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+1="}]} for i in range(8)])
+    from trl_reasoning import MaxRLTrainer
+    from trl_reasoning.demo.task import all_digits
+
+    trainer = with_reasoning_model_card(MaxRLTrainer)(
+        model=tiny_model_path,
+        reward_funcs=all_digits,
+        args=args,
+        train_dataset=dataset,
+        processing_class=load_tokenizer(tiny_model_path),
+    )
+    trainer.push_to_hub(dataset_name="toy/digits")
+    assert uploaded["repo_id"] == "me/pushed" and "model.safetensors" in uploaded["files"]
+    assert {"trl", "trl-reasoning", "maxrl"} <= set(_front_matter(uploaded["card"])["tags"])
+    assert "Trained with **MaxRL**" in uploaded["card"] and "@article{tajwar2026maximum," in uploaded["card"]
