@@ -15,12 +15,7 @@ from trl_reasoning.model_card import (
     ReasoningModelCardMixin,
     non_default_settings,
     reasoning_card_section,
-    with_reasoning_model_card,
 )
-
-
-class CardDAPOTrainer(ReasoningModelCardMixin, DAPOTrainer):
-    pass
 
 
 def _front_matter(text: str) -> dict:
@@ -42,11 +37,10 @@ def test_non_default_settings_compares_with_the_presets_field_defaults(tmp_path)
         non_default_settings(object())
 
 
-def test_with_reasoning_model_card_adds_the_mixin_once():
-    wrapped = with_reasoning_model_card(DAPOTrainer)
-    assert issubclass(wrapped, ReasoningModelCardMixin) and issubclass(wrapped, DAPOTrainer)
-    assert wrapped.__name__ == "DAPOTrainer"
-    assert with_reasoning_model_card(CardDAPOTrainer) is CardDAPOTrainer
+def test_every_trainer_writes_the_reasoning_card():
+    from trl_reasoning.trainer import ReasoningTrainer
+
+    assert issubclass(ReasoningTrainer, ReasoningModelCardMixin)
 
 
 def test_model_card_of_a_saved_folder(tiny_model_path, tmp_path):
@@ -62,7 +56,7 @@ def test_model_card_of_a_saved_folder(tiny_model_path, tmp_path):
         dynamic_sampling=False,
     )
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+1="}]} for i in range(8)])
-    trainer = CardDAPOTrainer(
+    trainer = DAPOTrainer(
         model=tiny_model_path,
         reward_funcs=digit_reward,
         args=args,
@@ -133,7 +127,7 @@ def test_push_to_hub_uploads_the_reasoning_card(tiny_model_path, tmp_path, monke
     from trl_reasoning import MaxRLTrainer
     from trl_reasoning.demo.task import all_digits
 
-    trainer = with_reasoning_model_card(MaxRLTrainer)(
+    trainer = MaxRLTrainer(
         model=tiny_model_path,
         reward_funcs=all_digits,
         args=args,

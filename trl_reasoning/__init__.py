@@ -5,12 +5,15 @@ Swap ``GRPOTrainer``/``GRPOConfig`` for ``DAPOTrainer``/``DAPOConfig`` (or anoth
 
 from .advantages import compute_advantages
 from .aggregation import aggregate_loss, completion_weights
+from .callbacks import PassAtKCallback, evaluate_pass_at_k
 from .cispo import CISPOConfig, CISPOTrainer
 from .dapo import DAPOConfig, DAPOTrainer
 from .dppo import DPPOConfig, DPPOTrainer
 from .dr_grpo import DrGRPOConfig, DrGRPOTrainer
+from .evaluation import mean_pass_at_k, pass_at_k
 from .losses import compute_policy_loss
 from .maxrl import MaxRLConfig, MaxRLTrainer
+from .model_card import ReasoningModelCardMixin
 from .rewards import RewardFunctionError, overlong_penalty
 from .rloo import RLOOConfig, RLOOTrainer
 from .scalerl import ScaleRLConfig, ScaleRLTrainer
@@ -46,7 +49,9 @@ __all__ = [
     "MaxRLTrainer",
     "RLOOConfig",
     "RLOOTrainer",
+    "PassAtKCallback",
     "ReasoningConfig",
+    "ReasoningModelCardMixin",
     "ReasoningTrainer",
     "ScaleRLConfig",
     "ScaleRLTrainer",
@@ -56,6 +61,9 @@ __all__ = [
     "compute_advantages",
     "completion_weights",
     "fit_compute_curve",
+    "mean_pass_at_k",
     "compute_policy_loss",
+    "evaluate_pass_at_k",
     "overlong_penalty",
+    "pass_at_k",
 ]

@@ -325,7 +325,6 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
     from trl import get_peft_config, get_quantization_config
 
     from .callbacks import PassAtKCallback
-    from .model_card import with_reasoning_model_card
 
     model_name_or_path = model_args.model_name_or_path
     if model_name_or_path is None:
@@ -354,8 +353,6 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
     model_init_kwargs = {key: value for key, value in model_init_kwargs.items() if value is not None}
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = model_init_kwargs
-
-    trainer_class = with_reasoning_model_card(trainer_class)
     trainer = trainer_class(
         model=model_name_or_path,
         reward_funcs=reward_funcs,

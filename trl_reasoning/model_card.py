@@ -198,15 +198,3 @@ class ReasoningModelCardMixin:
             content = content.rstrip("\n") + "\n\n" + section
         card.content = content
         card.save(path)
-
-
-def with_reasoning_model_card(trainer_class: type) -> type:
-    """`trainer_class` itself if it already has [`ReasoningModelCardMixin`], else a subclass of the same name that
-    puts the mixin first."""
-    if issubclass(trainer_class, ReasoningModelCardMixin):
-        return trainer_class
-    return type(
-        trainer_class.__name__,
-        (ReasoningModelCardMixin, trainer_class),
-        {"__module__": trainer_class.__module__, "__doc__": trainer_class.__doc__},
-    )

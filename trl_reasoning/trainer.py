@@ -42,6 +42,7 @@ from .advantages import ADVANTAGE_ESTIMATORS, GROUP_RELATIVE_ESTIMATORS, compute
 from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
 from .logits import chunked_logps, chunked_logps_from_hidden, rollout_topk, rollout_topk_from_hidden
 from .losses import DPPO_DEFAULT_THRESHOLDS, POLICY_LOSSES, compute_policy_loss
+from .model_card import ReasoningModelCardMixin
 from .rewards import (
     REWARD_ERROR_POLICIES,
     RewardFunctionError,
@@ -632,7 +633,7 @@ def _stack_rows(
     return stacked
 
 
-class ReasoningTrainer(GRPOTrainer):
+class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
     """A [`~trl.GRPOTrainer`] whose advantage estimator, policy objective, loss aggregation and reward shaping are
     chosen by name in a [`ReasoningConfig`]. Takes exactly `GRPOTrainer`'s arguments.
 

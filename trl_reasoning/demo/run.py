@@ -218,7 +218,6 @@ def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[s
     from datasets import Dataset
 
     from ..callbacks import PassAtKCallback, evaluate_pass_at_k
-    from ..model_card import with_reasoning_model_card
     from .tiny import load_tokenizer
 
     datasets.disable_progress_bars()
@@ -246,8 +245,6 @@ def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[s
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     test = Dataset.from_list(task.rl_rows("test"))
     before = evaluate_pass_at_k(model, tokenizer, test, exact_match_reward, **eval_options)
-
-    trainer_class = with_reasoning_model_card(trainer_class)
     trainer = trainer_class(
         model=model,
         reward_funcs=exact_match_reward,
