@@ -32,3 +32,10 @@ def test_dppo_topk_bench_quick():
 def test_overhead_bench_quick():
     table = _load("overhead").main(["--quick"])
     assert "| DAPO | loss_type=dapo" in table
+
+
+def test_miniature_bench_quick(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRL_REASONING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # run outputs go under ./outputs
+    text = _load("miniature").main(["--quick"])
+    assert "| TRL GRPO |" in text and "| ScaleRL |" in text and "| claim | reproduces here? |" in text
