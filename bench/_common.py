@@ -46,8 +46,6 @@ def build_model(tokenizer, vocab: int, hidden: int = 128, layers: int = 2):
 def saved_model(tokenizer, vocab: int, hidden: int = 128, layers: int = 2) -> str:
     """``build_model`` saved with its tokenizer to a temporary folder; trainers load the policy and, when ``beta > 0``,
     the reference model from that path (TRL builds the reference from the model's ``name_or_path``)."""
-    import tempfile
-
     path = tempfile.mkdtemp(prefix="bench-model-")
     build_model(tokenizer, vocab, hidden, layers).save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -90,6 +88,35 @@ def measure_train(trainer) -> dict:
     peak = rss_kib("VmHWM")
     times = [entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry][1:]
     return {"peak_mib": (peak - before) / 1024, "step_times": times}
+
+
+def train_on_workload(config_class, trainer_class, overrides: dict, steps: int, vocab: int, length: int) -> dict:
+    """Build ``trainer_class`` with ``config_class(common settings | overrides)`` on the shared workload (saved
+    model, deterministic rollout, hash reward, 8 completions per step), train it and return ``measure_train``'s
+    result. Runs in a worker process."""
+    from trl_reasoning.demo.tiny import build_tokenizer, cpu_config_kwargs
+
+    cpu_threads()
+    tokenizer = build_tokenizer()
+    common = dict(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=length,
+        max_steps=steps,
+        learning_rate=1e-4,
+        logging_steps=1,
+        seed=0,
+    )
+    trainer = trainer_class(
+        model=saved_model(tokenizer, vocab),
+        reward_funcs=hash_reward,
+        args=config_class(**cpu_config_kwargs(), **{**common, **overrides}),
+        train_dataset=prompt_dataset(),
+        processing_class=tokenizer,
+        rollout_func=make_rollout(tokenizer, length),
+    )
+    return measure_train(trainer)
 
 
 def run_worker(script: str, arguments: list[str]) -> dict:

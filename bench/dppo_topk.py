@@ -15,10 +15,9 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import cpu_threads, hash_reward, make_rollout, measure_train, prompt_dataset, run_worker, saved_model  # noqa: E402
+from _common import run_worker, train_on_workload  # noqa: E402
 from _results import record  # noqa: E402
 
 CONFIGS = {
@@ -32,36 +31,11 @@ def worker(name: str, steps: int, vocab: int, length: int) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import trl_reasoning as tr
-    from trl_reasoning.demo.tiny import build_tokenizer, cpu_config_kwargs
 
-    cpu_threads()
-    tokenizer = build_tokenizer()
     trainer_name, overrides = CONFIGS[name]
-    config_class, trainer_class = {
-        "DPPO": (tr.DPPOConfig, tr.DPPOTrainer),
-        "DAPO": (tr.DAPOConfig, tr.DAPOTrainer),
-    }[trainer_name]
-    args = config_class(
-        **cpu_config_kwargs(),
-        output_dir=tempfile.mkdtemp(),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=length,
-        max_steps=steps,
-        learning_rate=1e-4,
-        logging_steps=1,
-        seed=0,
-        **overrides,
-    )
-    trainer = trainer_class(
-        model=saved_model(tokenizer, vocab),
-        reward_funcs=hash_reward,
-        args=args,
-        train_dataset=prompt_dataset(),
-        processing_class=tokenizer,
-        rollout_func=make_rollout(tokenizer, length),
-    )
-    return measure_train(trainer)
+    config_class = getattr(tr, f"{trainer_name}Config")
+    trainer_class = getattr(tr, f"{trainer_name}Trainer")
+    return train_on_workload(config_class, trainer_class, overrides, steps, vocab, length)
 
 
 def main(argv: list[str] | None = None) -> str:

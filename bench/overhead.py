@@ -16,10 +16,9 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import cpu_threads, hash_reward, make_rollout, measure_train, prompt_dataset, run_worker, saved_model  # noqa: E402
+from _common import run_worker, train_on_workload  # noqa: E402
 from _results import record  # noqa: E402
 
 # trainer -> (our overrides, the closest TRL GRPOConfig settings). Both sides share the common settings below.
@@ -43,37 +42,13 @@ def worker(trainer_name: str, side: str, steps: int, vocab: int, length: int) ->
     from trl import GRPOConfig, GRPOTrainer
 
     import trl_reasoning as tr
-    from trl_reasoning.demo.tiny import build_tokenizer, cpu_config_kwargs
 
-    cpu_threads()
-    tokenizer = build_tokenizer()
     ours, theirs = PAIRS[trainer_name]
     if side == "trl":
-        config_class, trainer_class, overrides = GRPOConfig, GRPOTrainer, theirs
-    else:
-        config_class = getattr(tr, f"{trainer_name}Config")
-        trainer_class = getattr(tr, f"{trainer_name}Trainer")
-        overrides = ours
-    common = dict(
-        output_dir=tempfile.mkdtemp(),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=length,
-        max_steps=steps,
-        learning_rate=1e-4,
-        logging_steps=1,
-        seed=0,
-    )
-    args = config_class(**cpu_config_kwargs(), **{**common, **overrides})
-    trainer = trainer_class(
-        model=saved_model(tokenizer, vocab),
-        reward_funcs=hash_reward,
-        args=args,
-        train_dataset=prompt_dataset(),
-        processing_class=tokenizer,
-        rollout_func=make_rollout(tokenizer, length),
-    )
-    return measure_train(trainer)
+        return train_on_workload(GRPOConfig, GRPOTrainer, theirs, steps, vocab, length)
+    config_class = getattr(tr, f"{trainer_name}Config")
+    trainer_class = getattr(tr, f"{trainer_name}Trainer")
+    return train_on_workload(config_class, trainer_class, ours, steps, vocab, length)
 
 
 def main(argv: list[str] | None = None) -> str:
