@@ -4,7 +4,7 @@ Every subcommand parses with TRL's ``TrlParser``: a ``--config recipe.yaml`` set
 every field of the dataclasses involved is settable either way (``--help`` lists them with their defaults, which for
 an algorithm are its paper's)::
 
-    trl-reasoning dapo --config recipes/dapo/qwen2.5-0.5b-gsm8k.yaml --learning_rate 5e-7
+    trl-reasoning dapo --config recipes/dapo/qwen2.5-1.5b-gsm8k.yaml --learning_rate 5e-7
     trl-reasoning demo --algorithm cispo
     trl-reasoning eval --model_name_or_path ./run --task gsm8k --num_samples 16 --ks 1 8 16
 
