@@ -103,3 +103,31 @@ def test_entropy_bonus_with_top_k_is_rejected():
 def test_dppo_topk_must_be_positive():
     with pytest.raises(ValueError, match="dppo_topk must be an int >= 1, got 0"):
         tr.DPPOConfig(**cpu_args(dppo_topk=0))
+
+
+def test_a_head_that_cannot_be_applied_falls_back_to_the_logits_path(tiny_model_path, tmp_path, monkeypatch):
+    """A sharded LM head (ZeRO-3 leaves an empty placeholder outside the forward) must not crash: the loss then comes
+    from the model's own logits, and equals the hidden-state path's."""
+    trainer = _trainer(tiny_model_path, tmp_path, dppo_divergence="topk_tv", dppo_topk=4)
+    batch = generate_batch(trainer)
+    trainer.current_gradient_accumulation_steps = 1
+    expected = trainer._compute_loss(trainer.model, batch)
+
+    class ShardedView:  # what unwrap_model shows under ZeRO-3: the config, and a head without its weight
+        config = trainer.model.config
+
+        def get_output_embeddings(self):
+            return torch.nn.Linear(0, 0, bias=False)
+
+    fallback_calls = []
+    original = trainer._completion_logits
+
+    def spy(*args, **kwargs):
+        fallback_calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.accelerator, "unwrap_model", lambda model, **kwargs: ShardedView())
+    monkeypatch.setattr(trainer, "_completion_logits", spy)
+    loss = trainer._compute_loss(trainer.model, batch)
+    assert fallback_calls
+    torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-6)

@@ -1255,21 +1255,28 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         text_config = self.accelerator.unwrap_model(model).config.get_text_config()
         head = None
         weight = getattr(head_module, "weight", None)
+        # A sharded head (ZeRO-3 placeholder, FSDP DTensor) cannot be applied here: the check fails and the logits
+        # path, which goes through the model's own forward, is used instead.
         if isinstance(weight, torch.Tensor) and type(head_module) is torch.nn.Linear:
             scale = getattr(text_config, "logit_scale", None) or 1.0
             softcap = getattr(text_config, "final_logit_softcapping", None)
             with torch.no_grad():
-                last = torch.nn.functional.linear(
-                    hidden[:, -1:].float(),
-                    weight.float(),
-                    None if head_module.bias is None else head_module.bias.float(),
-                )
-                last = last * scale
-                if softcap is not None:
-                    last = torch.tanh(last / softcap) * softcap
-                reference = out.logits[:, -1:].float()
-                if torch.allclose(last, reference, rtol=1e-3, atol=1e-3 * reference.abs().max().clamp(min=1).item()):
-                    head = (weight, head_module.bias, float(scale), softcap)
+                try:
+                    last = torch.nn.functional.linear(
+                        hidden[:, -1:].float(),
+                        weight.float(),
+                        None if head_module.bias is None else head_module.bias.float(),
+                    )
+                except (RuntimeError, ValueError, TypeError):
+                    last = None
+                if last is not None:
+                    last = last * scale
+                    if softcap is not None:
+                        last = torch.tanh(last / softcap) * softcap
+                    reference = out.logits[:, -1:].float()
+                    tolerance = 1e-3 * reference.abs().max().clamp(min=1).item()
+                    if last.shape == reference.shape and torch.allclose(last, reference, rtol=1e-3, atol=tolerance):
+                        head = (weight, head_module.bias, float(scale), softcap)
         start = hidden.size(1) - num_completion_tokens - 1
         return hidden[:, start:-1], head, out
 
