@@ -12,6 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
 
 from trl_reasoning.demo.task import digit_reward  # noqa: E402
 from trl_reasoning.demo.tiny import cpu_config_kwargs, save_tiny_model  # noqa: E402
@@ -57,6 +58,52 @@ def generate_batch(trainer, seed: int = 123) -> dict:
     trainer.model.train()
     torch.manual_seed(seed)
     return trainer._generate_and_score_completions(batch)
+
+
+def message_text(message) -> str:
+    """The text of a prompt or completion, conversational (the last message's content) or plain."""
+    return message[-1]["content"] if isinstance(message, list) else message
+
+
+def logged_metric(trainer, name) -> list[float]:
+    """Every logged value of ``name``, in order."""
+    return [entry[name] for entry in trainer.state.log_history if name in entry]
+
+
+class StopAt(TrainerCallback):
+    """Saves a checkpoint and stops at ``step``, as an interrupted job would (same max_steps, so the same schedule)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_save = True
+            control.should_training_stop = True
+
+
+class Recorder:
+    """Wraps a trl-reasoning trainer's ``_finalize_batch`` to keep what each training batch was built from: the
+    gathered rewards, the active groups, and this process's loss weights and advantages."""
+
+    def __init__(self, trainer):
+        self.batches = []
+        original = trainer._finalize_batch
+
+        def finalize(output, rewards, active_groups, mode, local_rows, **kwargs):
+            advantages = original(output, rewards, active_groups, mode, local_rows, **kwargs)
+            if mode == "train":
+                self.batches.append(
+                    {
+                        "rewards": rewards.clone(),
+                        "active": None if active_groups is None else active_groups.clone(),
+                        "weights": output["loss_weights"].clone(),
+                        "advantages": output["advantages"].clone(),
+                    }
+                )
+            return advantages
+
+        trainer._finalize_batch = finalize
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cpu_args
+from conftest import Recorder, StopAt, cpu_args, logged_metric, message_text
 from datasets import Dataset
-from transformers import TrainerCallback
 
 import trl_reasoning as tr
 from trl_reasoning.sampling import informative_groups
@@ -31,14 +30,10 @@ def flagged_prompts(num_fixed: int, num_open: int) -> Dataset:
     return Dataset.from_list([{"prompt": [{"role": "user", "content": text}]} for text in rows])
 
 
-def _text(message) -> str:
-    return message[-1]["content"] if isinstance(message, list) else message
-
-
 def flagged_reward(prompts, completions, **kwargs) -> list[float]:
     """1.0 for a "fixed" prompt; otherwise a value that differs between different completions."""
     return [
-        1.0 if _text(p).startswith("fixed") else (sum(map(ord, _text(c))) % 11) / 10.0
+        1.0 if message_text(p).startswith("fixed") else (sum(map(ord, message_text(c))) % 11) / 10.0
         for p, c in zip(prompts, completions)
     ]
 
@@ -46,40 +41,13 @@ def flagged_reward(prompts, completions, **kwargs) -> list[float]:
 def sparse_reward(prompts, completions, **kwargs) -> list[float]:
     """1.0 for a "fixed" prompt (pass rate 1); otherwise a 0/1 reward that passes about one completion in four."""
     return [
-        1.0 if _text(p).startswith("fixed") else float(sum(map(ord, _text(c))) % 4 == 0)
+        1.0 if message_text(p).startswith("fixed") else float(sum(map(ord, message_text(c))) % 4 == 0)
         for p, c in zip(prompts, completions)
     ]
 
 
 def constant_reward(completions, **kwargs) -> list[float]:
     return [1.0] * len(completions)
-
-
-class Recorder:
-    """Wraps ``_finalize_batch`` to keep what each training batch was built from."""
-
-    def __init__(self, trainer):
-        self.batches = []
-        original = trainer._finalize_batch
-
-        def finalize(output, rewards, active_groups, mode, local_rows, **kwargs):
-            advantages = original(output, rewards, active_groups, mode, local_rows, **kwargs)
-            if mode == "train":
-                self.batches.append(
-                    {
-                        "rewards": rewards.clone(),
-                        "active": None if active_groups is None else active_groups.clone(),
-                        "weights": output["loss_weights"].clone(),
-                        "advantages": output["advantages"].clone(),
-                    }
-                )
-            return advantages
-
-        trainer._finalize_batch = finalize
-
-
-def _metric(trainer, name):
-    return [entry[name] for entry in trainer.state.log_history if name in entry]
 
 
 def _build(model_path, dataset, reward, config_class=tr.DAPOConfig, trainer_class=tr.DAPOTrainer, **overrides):
@@ -103,13 +71,16 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(tiny_model_pat
         assert informative_groups(batch["rewards"], 4).all()  # every kept group has mixed rewards
         assert batch["rewards"].numel() == 8
         assert batch["weights"].sum() > 0
-    rounds = _metric(trainer, "sampling/generation_rounds")
+    rounds = logged_metric(trainer, "sampling/generation_rounds")
     assert len(rounds) == 3 and max(rounds) > 1
-    assert all(0 < f < 1 for f in _metric(trainer, "sampling/zero_variance_frac"))
-    assert _metric(trainer, "sampling/round_cap_hit") == [0.0, 0.0, 0.0]
-    generated, kept = _metric(trainer, "sampling/groups_generated"), _metric(trainer, "sampling/groups_kept")
+    assert all(0 < f < 1 for f in logged_metric(trainer, "sampling/zero_variance_frac"))
+    assert logged_metric(trainer, "sampling/round_cap_hit") == [0.0, 0.0, 0.0]
+    generated, kept = (
+        logged_metric(trainer, "sampling/groups_generated"),
+        logged_metric(trainer, "sampling/groups_kept"),
+    )
     assert kept == [2.0, 2.0, 2.0] and all(g >= k for g, k in zip(generated, kept))
-    losses = _metric(trainer, "loss")
+    losses = logged_metric(trainer, "loss")
     assert all(torch.isfinite(torch.tensor(losses)))
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
 
@@ -121,12 +92,12 @@ def test_running_out_of_rounds_warns_and_finishes(tiny_model_path, tmp_path):
     with pytest.warns(tr.DynamicSamplingWarning, match=r"found 0 informative groups .* max_num_gen_batches=2"):
         trainer.train()
     assert trainer.state.global_step == 3
-    assert _metric(trainer, "sampling/round_cap_hit") == [1.0, 1.0, 1.0]
-    assert _metric(trainer, "sampling/generation_rounds") == [2.0, 2.0, 2.0]
+    assert logged_metric(trainer, "sampling/round_cap_hit") == [1.0, 1.0, 1.0]
+    assert logged_metric(trainer, "sampling/generation_rounds") == [2.0, 2.0, 2.0]
     for batch in recorder.batches:
         assert not batch["active"].any()
         assert torch.all(batch["weights"] == 0) and torch.all(batch["advantages"] == 0)
-    assert all(loss == 0.0 for loss in _metric(trainer, "loss"))
+    assert all(loss == 0.0 for loss in logged_metric(trainer, "loss"))
 
 
 def test_partial_batch_normalizers_count_only_kept_groups(tiny_model_path, tmp_path):
@@ -181,12 +152,12 @@ def test_no_positive_resampling_retires_passing_prompts(tiny_model_path, tmp_pat
     original = trainer.reward_funcs[0]
 
     def spy(prompts, completions, **kwargs):
-        seen.append((trainer.state.epoch, sorted({_text(p) for p in prompts})))
+        seen.append((trainer.state.epoch, sorted({message_text(p) for p in prompts})))
         return original(prompts=prompts, completions=completions, **kwargs)
 
     trainer.reward_funcs[0] = spy
     trainer.train()
-    retired = _metric(trainer, "sampling/retired_prompts")
+    retired = logged_metric(trainer, "sampling/retired_prompts")
     assert retired[-1] >= 2  # the two "fixed" prompts always pass
     assert trainer.sampling_state_dict()["retired_prompts"]["epoch_of"]
     first = [prompts for epoch, prompts in seen if epoch < 1]
@@ -201,18 +172,6 @@ def test_dynamic_sampling_rejects_an_iterable_dataset(tiny_model_path, tmp_path)
         _build(tiny_model_path, iterable, flagged_reward, output_dir=str(tmp_path))
 
 
-class StopAt(TrainerCallback):
-    """Saves a checkpoint and stops at ``step``, as an interrupted job would (same max_steps, so the same schedule)."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_save = True
-            control.should_training_stop = True
-
-
 def _run_with_checkpoints(model_path, output_dir, stop_at=None, resume=None):
     overrides = dict(output_dir=str(output_dir), max_steps=8, positive_resampling_threshold=0.9)
     trainer, _ = _build(model_path, flagged_prompts(4, 4), sparse_reward, **overrides)
@@ -222,7 +181,7 @@ def _run_with_checkpoints(model_path, output_dir, stop_at=None, resume=None):
     original = trainer.reward_funcs[0]
 
     def spy(prompts, completions, **kwargs):
-        seen.append((trainer.state.global_step, [_text(p) for p in prompts]))
+        seen.append((trainer.state.global_step, [message_text(p) for p in prompts]))
         return original(prompts=prompts, completions=completions, **kwargs)
 
     trainer.reward_funcs[0] = spy
@@ -266,7 +225,7 @@ def test_scalerl_defaults_and_a_training_run(tiny_model_path, tmp_path):
     assert trainer.model.lm_head.weight.dtype == torch.float32
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
-    assert all(torch.isfinite(torch.tensor(_metric(trainer, "loss"))))
+    assert all(torch.isfinite(torch.tensor(logged_metric(trainer, "loss"))))
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
     assert all(batch["active"] is not None for batch in recorder.batches)
 
@@ -342,7 +301,7 @@ def test_completions_table_logs_what_each_row_trains_with(tiny_model_path, tmp_p
         tiny_model_path, flagged_prompts(12, 4), flagged_reward, output_dir=str(tmp_path), max_steps=1
     )
     trainer.train()
-    prompts = [_text(p) for p in trainer._logs["prompt"]]
+    prompts = [message_text(p) for p in trainer._logs["prompt"]]
     advantages = list(trainer._logs["advantages"])
     assert len(prompts) == len(advantages) == 8
     assert any("fixed" in prompt for prompt in prompts) and any("open" in prompt for prompt in prompts)

@@ -21,7 +21,17 @@ from pathlib import Path
 import pytest
 import torch
 import trl
-from conftest import cpu_args, digit_fraction, generate_batch, has_digit, make_prompts
+from conftest import (
+    Recorder,
+    StopAt,
+    cpu_args,
+    digit_fraction,
+    generate_batch,
+    has_digit,
+    logged_metric,
+    make_prompts,
+    message_text,
+)
 from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOTrainer
@@ -41,18 +51,10 @@ def needs(what: str):
     return pytest.mark.xfail(strict=True, reason=f"needs: {what}")
 
 
-def _text(message) -> str:
-    return message[-1]["content"] if isinstance(message, list) else message
-
-
 def _trainer(model_path, tmp_path, reward_funcs, trainer_cls=tr.ReasoningTrainer, dataset=None, **overrides):
     args = trainer_cls.config_class(**cpu_args(output_dir=str(tmp_path), **overrides))
     dataset = make_prompts() if dataset is None else dataset
     return trainer_cls(model=model_path, reward_funcs=reward_funcs, args=args, train_dataset=dataset)
-
-
-def _metric(trainer, name) -> list[float]:
-    return [entry[name] for entry in trainer.state.log_history if name in entry]
 
 
 def _loss_on(trainer, inputs) -> torch.Tensor:
@@ -61,29 +63,14 @@ def _loss_on(trainer, inputs) -> torch.Tensor:
         return trainer._compute_loss(trainer.model, inputs)
 
 
-class Recorder:
-    """Keeps the rewards and advantages of every training batch (wraps ``_finalize_batch``)."""
-
-    def __init__(self, trainer):
-        self.batches = []
-        original = trainer._finalize_batch
-
-        def finalize(output, rewards, active_groups, mode, local_rows, **kwargs):
-            advantages = original(output, rewards, active_groups, mode, local_rows, **kwargs)
-            self.batches.append({"rewards": rewards.clone(), "advantages": output["advantages"].clone()})
-            return advantages
-
-        trainer._finalize_batch = finalize
-
-
 # ====================================================================================== reward functions
 # `generate_batch` scores 2 prompts x 4 completions in a fixed order: rows 0-3 are prompt "0+0=", rows 4-7 "1+7=".
 
 
 def fails_on_prompt_1(prompts, completions, **kwargs):
-    if any(_text(p) == "1+7=" for p in prompts):
+    if any(message_text(p) == "1+7=" for p in prompts):
         raise KeyError("answer")
-    return [(sum(map(ord, _text(c))) % 11) / 10.0 for c in completions]
+    return [(sum(map(ord, message_text(c))) % 11) / 10.0 for c in completions]
 
 
 def infinite_reward(completions, **kwargs):
@@ -158,7 +145,7 @@ def test_unscorable_samples_are_excluded_without_poisoning(values, excluded, tin
 
 def fails_on_digits(completions, **kwargs):
     """Raises on a batch holding a completion with a digit (about half of them); scores the others."""
-    texts = [_text(c) for c in completions]
+    texts = [message_text(c) for c in completions]
     if any(ch.isdigit() for t in texts for ch in t):
         raise ValueError("cannot parse a number")
     return [(sum(map(ord, t)) % 11) / 10.0 for t in texts]
@@ -175,9 +162,9 @@ def test_reward_error_exclude_trains_on(tiny_model_path, tmp_path):
     failed = torch.isnan(rewards)
     assert 0 < int(failed.sum()) < rewards.numel()  # the seeded completions do hit the fault, not everywhere
     assert torch.all(advantages[failed] == 0) and torch.isfinite(advantages).all()
-    errors = _metric(trainer, "rewards/fails_on_digits/errors")
+    errors = logged_metric(trainer, "rewards/fails_on_digits/errors")
     assert errors and sum(errors) == int(failed.sum())
-    assert all(math.isfinite(loss) for loss in _metric(trainer, "loss"))
+    assert all(math.isfinite(loss) for loss in logged_metric(trainer, "loss"))
 
 
 def graded_reward(completions, **kwargs):
@@ -229,7 +216,7 @@ def test_tokenizer_without_pad_token_uses_eos(tiny_model_path, tmp_path):
     assert trainer.processing_class.pad_token == trainer.processing_class.eos_token == "<eos>"
     assert trainer.model.config.pad_token_id == tokenizer.eos_token_id
     trainer.train()
-    assert trainer.state.global_step == 1 and all(math.isfinite(x) for x in _metric(trainer, "loss"))
+    assert trainer.state.global_step == 1 and all(math.isfinite(x) for x in logged_metric(trainer, "loss"))
 
 
 def test_tokenizer_with_right_padding_is_left_padded_for_generation(tiny_model_path, tmp_path):
@@ -380,7 +367,7 @@ def test_nonfinite_loss_step_is_skipped(tiny_model_path, tmp_path):
         assert torch.equal(a, b)  # the skipped step left the parameters untouched
     assert any(not torch.equal(a, b) for a, b in zip(snapshots.begin[2], snapshots.end[2]))  # training went on
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
-    assert max(_metric(trainer, "nonfinite_loss/skipped_steps")) >= 1
+    assert max(logged_metric(trainer, "nonfinite_loss/skipped_steps")) >= 1
 
 
 @pytest.mark.slow
@@ -408,22 +395,10 @@ def test_dynamic_sampling_out_of_rounds_warns_and_trains_on(tiny_model_path, tmp
     with pytest.warns(tr.DynamicSamplingWarning, match=r"max_num_gen_batches=2"):
         trainer.train()
     assert trainer.state.global_step == 2
-    assert _metric(trainer, "sampling/round_cap_hit") == [1.0, 1.0]
+    assert logged_metric(trainer, "sampling/round_cap_hit") == [1.0, 1.0]
 
 
 # ====================================================================================== resume
-
-
-class StopAt(TrainerCallback):
-    """Saves a checkpoint and stops at ``step``, as a killed job would (same max_steps, so the same schedule)."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_save = True
-            control.should_training_stop = True
 
 
 def _preset_run(name, model_path, output_dir, stop_at=None, resume=None):
