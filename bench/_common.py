@@ -22,32 +22,14 @@ def rss_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def build_model(tokenizer, vocab: int, hidden: int = 128, layers: int = 2):
-    """A randomly initialised Qwen2 (tied embeddings) with ``vocab`` tokens, seeded."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(config)
-
-
 def saved_model(tokenizer, vocab: int, hidden: int = 128, layers: int = 2) -> str:
-    """``build_model`` saved with its tokenizer to a temporary folder; trainers load the policy and, when ``beta > 0``,
-    the reference model from that path (TRL builds the reference from the model's ``name_or_path``)."""
+    """The tiny Qwen2 (``demo.tiny.build_model``, seed 0) with ``vocab`` tokens, saved with its tokenizer to a temporary
+    folder; trainers load the policy and, when ``beta > 0``, the reference model from that path (TRL builds the
+    reference from the model's ``name_or_path``)."""
+    from trl_reasoning.demo.tiny import build_model
+
     path = tempfile.mkdtemp(prefix="bench-model-")
-    build_model(tokenizer, vocab, hidden, layers).save_pretrained(path)
+    build_model(tokenizer, hidden_size=hidden, num_layers=layers, vocab_size=vocab).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 

@@ -44,10 +44,12 @@ def build_model(
     num_layers: int = 2,
     seed: int = 0,
     tie_word_embeddings: bool = True,
+    vocab_size: int | None = None,
 ) -> Qwen2ForCausalLM:
-    """A randomly initialised Qwen2 causal LM sized for CPU tests (about 0.1M parameters by default)."""
+    """A randomly initialised Qwen2 causal LM sized for CPU tests (about 0.1M parameters by default). ``vocab_size``
+    defaults to the tokenizer's; a larger one gives a model whose logits cost what a real LLM's do (benchmarks)."""
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=len(tokenizer) if vocab_size is None else vocab_size,
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers,
