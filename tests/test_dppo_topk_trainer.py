@@ -131,3 +131,4 @@ def test_a_head_that_cannot_be_applied_falls_back_to_the_logits_path(tiny_model_
     loss = trainer._compute_loss(trainer.model, batch)
     assert fallback_calls
     torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-6)
+    assert not trainer._lm_head_from_hidden  # later steps go straight to the logits, without the wasted forward

@@ -676,6 +676,9 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         self._nonfinite_in_step = False
         self._consecutive_nonfinite_steps = 0
         self._skipped_nonfinite_steps = 0
+        # DPPO top-K reads the LM head from the final hidden states until that fails once (e.g. a sharded head);
+        # from then on it uses the logits directly instead of paying for a forward it would throw away.
+        self._lm_head_from_hidden = True
         for split, dataset in (("train_dataset", self.train_dataset), ("eval_dataset", self.eval_dataset)):
             datasets_ = dataset.values() if isinstance(dataset, dict) else [dataset]
             for data in datasets_:
@@ -1310,9 +1313,12 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             for start in range(0, input_ids.size(0), batch_size):
                 rows = slice(start, start + batch_size)
-                hidden, head, _ = self._final_hidden_states(
-                    self.model, input_ids[rows], attention_mask[rows], completion_ids.size(1), False
-                )
+                head = None
+                if self._lm_head_from_hidden:
+                    hidden, head, _ = self._final_hidden_states(
+                        self.model, input_ids[rows], attention_mask[rows], completion_ids.size(1), False
+                    )
+                    self._lm_head_from_hidden = head is not None
                 if head is not None:
                     weight, bias, scale, softcap = head
                     chunk = rollout_topk_from_hidden(
@@ -1341,9 +1347,12 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         """The current policy's sampled-token log-probs (with gradient), entropies, log-probs at the stored top-K ids
         (with gradient) and MoE aux loss, chunked over positions so no ``[B, T, V]`` tensor is built when the LM head
         can be applied to the hidden states (otherwise one: the logits)."""
-        hidden, head, out = self._final_hidden_states(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss
-        )
+        head = None
+        if self._lm_head_from_hidden:
+            hidden, head, out = self._final_hidden_states(
+                model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss
+            )
+            self._lm_head_from_hidden = head is not None
         if head is not None:
             weight, bias, scale, softcap = head
             logps, entropies, topk_logps = chunked_logps_from_hidden(
@@ -1357,7 +1366,6 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
                 final_logit_softcapping=softcap,
             )
         else:
-            del hidden
             logits, out = self._completion_logits(
                 model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss
             )
