@@ -101,8 +101,24 @@ BAD_REWARD_OUTPUTS = [
     ),
     pytest.param(text_reward, r"Reward function 'text_reward' returned 'high' \(str\)", id="non_number"),
     pytest.param(none_instead_of_list, r"'none_instead_of_list' returned NoneType", id="none_instead_of_list"),
-    pytest.param(all_none_reward, r"'all_none_reward' returned None or NaN for all 8", id="all_none_one_function"),
 ]
+
+
+def test_a_single_reward_function_that_scores_nothing_trains_on_like_trl(tiny_model_path, tmp_path, caplog):
+    trainer = tr.DAPOTrainer(
+        model=tiny_model_path,
+        reward_funcs=all_none_reward,
+        args=tr.DAPOConfig(**cpu_args(output_dir=str(tmp_path), max_steps=2), dynamic_sampling=False),
+        train_dataset=make_prompts(),
+    )
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    with caplog.at_level(logging.WARNING, logger="trl_reasoning.rewards"):
+        trainer.train()
+    assert trainer.state.global_step == 2
+    assert "Reward function 'all_none_reward' returned None or NaN for all 8 completions" in caplog.text
+    # nothing to learn from: every advantage is 0 and the parameters stay where they were
+    assert set(logged_metric(trainer, "advantages/abs_mean")) == {0.0}
+    assert all(torch.equal(before[name], p) for name, p in trainer.model.named_parameters())
 
 
 @pytest.mark.parametrize(("reward", "message"), BAD_REWARD_OUTPUTS)

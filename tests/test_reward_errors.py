@@ -41,8 +41,6 @@ def graded_reward(completions, **kwargs):
     ("reward", "message"),
     [
         (exploding_reward, "Reward function 'exploding_reward' raised KeyError"),
-        (none_reward, "Reward function 'none_reward' returned None or NaN for all 8 completions"),
-        (nan_reward, "Reward function 'nan_reward' returned None or NaN for all 8 completions"),
         (inf_reward, "Reward function 'inf_reward' returned inf for completion 0"),
         (short_reward, "Reward function 'short_reward' returned 1 rewards for 8 completions"),
     ],

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import numbers
 from collections.abc import Callable, Sequence
 
 import torch
@@ -64,9 +63,10 @@ def check_reward_columns(rewards_per_func: torch.Tensor, names: Sequence[str]) -
     """Report by name a reward function whose outputs for the whole batch are unusable.
 
     ``rewards_per_func`` is ``(N, n_funcs)``, gathered over processes, ``NaN`` where a function returned ``None``.
-    Raises :class:`RewardFunctionError` if a function returned ``inf``, if the only reward function returned
-    ``None``/``NaN`` for every completion, or if no completion of the batch has any reward. With several functions,
-    one that returns ``None`` for the whole batch is legal in TRL (multi-task routing): it is logged as a warning.
+    Raises :class:`RewardFunctionError` if a function returned ``inf`` (TRL would turn it into NaN advantages and a NaN
+    loss). A function that returns ``None``/``NaN`` for every completion is legal, as in TRL (a verifier that cannot
+    parse any answer yet; multi-task routing): it is logged as a warning naming it, and completions no function
+    scored are unscorable (advantage 0), so such a batch trains nothing.
     """
     for column, name in zip(rewards_per_func.unbind(dim=1), names, strict=True):
         if torch.isinf(column).any():
@@ -76,15 +76,15 @@ def check_reward_columns(rewards_per_func: torch.Tensor, names: Sequence[str]) -
                 "rewards must be finite (return None to mark a completion as not scorable)."
             )
         if torch.isnan(column).all():
-            message = (
+            others = " Other reward functions still score the batch." if len(names) > 1 else ""
+            logger.warning(
                 f"Reward function '{name}' returned None or NaN for all {column.numel()} completions of the batch."
+                + (others or " Those completions are unscorable (advantage 0): this batch trains nothing.")
             )
-            if len(names) == 1:
-                raise RewardFunctionError(message + " Without a reward there is nothing to learn from.")
-            logger.warning(message + " Other reward functions still score the batch.")
-    if rewards_per_func.numel() and torch.isnan(rewards_per_func).all():
-        raise RewardFunctionError(
-            f"Every reward function ({', '.join(names)}) returned None or NaN for every completion of the batch."
+    if len(names) > 1 and rewards_per_func.numel() and torch.isnan(rewards_per_func).all():
+        logger.warning(
+            f"Every reward function ({', '.join(names)}) returned None or NaN for every completion of the batch: it "
+            "trains nothing."
         )
 
 
@@ -115,7 +115,10 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> 
     When ``func`` raises on a batch, it is called again sample by sample to find the failing samples. With
     ``on_error="raise"`` a :class:`RewardFunctionError` names the function, the first failing sample and the error.
     With ``on_error="exclude"`` every failing sample gets ``None`` (unscorable: advantage 0, like TRL's ``None``) and
-    the count is added to ``wrapper.error_count`` (the trainer logs it as ``rewards/<name>/errors``).
+    the count is added to ``wrapper.error_count`` (the trainer logs it as ``rewards/<name>/errors``); samples that
+    succeed when called again keep their value (counted in ``wrapper.retried_count``). With ``on_error="raise"`` the
+    sample-by-sample calls stop at the first failure, so a costly reward (an LLM judge) is not called more than
+    needed.
 
     The wrapper keeps ``__name__`` (TRL logs rewards under it) and stays a coroutine function when ``func`` is one,
     so TRL still runs async reward functions concurrently. It also checks the number and type of returned rewards.
@@ -124,24 +127,43 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> 
         raise ValueError(f"Unknown on_reward_error {on_error!r}. Allowed values: {', '.join(REWARD_ERROR_POLICIES)}.")
 
     def _check(output, kwargs):
+        """The rewards as a list, accepted exactly when TRL's conversion accepts them (``None`` -> NaN, then
+        ``torch.tensor(rewards, dtype=float32)`` into one column): numbers of any numeric type, bools, numpy and 0-d
+        torch scalars, ``None``; returned as a list, tuple, numpy array, tensor or any other iterable."""
         expected = len(kwargs["completions"]) if "completions" in kwargs else None
-        if output is None or isinstance(output, (str, bytes)) or not hasattr(output, "__len__"):
+        if output is None or isinstance(output, (str, bytes, dict)) or not hasattr(output, "__iter__"):
             raise RewardFunctionError(
                 f"Reward function '{name}' returned {type(output).__name__}; it must return a list with one float "
                 "(or None) per completion."
             )
-        if expected is not None and len(output) != expected:
+        if torch.is_tensor(output) and output.dim() != 1:
             raise RewardFunctionError(
-                f"Reward function '{name}' returned {len(output)} rewards for {expected} completions; it must "
+                f"Reward function '{name}' returned a tensor of shape {tuple(output.shape)}; it must return one "
+                "reward per completion (a 1-D tensor or a list)."
+            )
+        values = list(output)
+        if not hasattr(output, "__len__"):
+            output = values  # a generator or another one-shot iterable is consumed here; TRL gets the list
+        if expected is not None and len(values) != expected:
+            raise RewardFunctionError(
+                f"Reward function '{name}' returned {len(values)} rewards for {expected} completions; it must "
                 "return exactly one reward (or None) per completion."
             )
-        for index, value in enumerate(output):
-            # numbers.Real covers Python and numpy scalars, which TRL's torch.tensor(rewards) accepts too.
-            if value is not None and not isinstance(value, numbers.Real) and not torch.is_tensor(value):
-                raise RewardFunctionError(
-                    f"Reward function '{name}' returned {value!r} ({type(value).__name__}) for completion {index}; "
-                    "rewards must be numbers or None."
-                )
+        try:
+            converted = torch.tensor([torch.nan if v is None else v for v in values], dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError):
+            converted = None
+        if converted is None or converted.dim() != 1:
+            for index, value in enumerate(values):
+                try:
+                    ok = value is None or torch.tensor([value], dtype=torch.float32).shape == (1,)
+                except (TypeError, ValueError, RuntimeError):
+                    ok = False
+                if not ok:
+                    raise RewardFunctionError(
+                        f"Reward function '{name}' returned {value!r} ({type(value).__name__}) for completion {index}; "
+                        "rewards must be numbers (int, float, bool, numpy or 0-d torch scalars) or None."
+                    )
         return output
 
     def _batch_size(kwargs) -> int | None:
@@ -153,18 +175,28 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> 
         return RewardFunctionError(f"Reward function '{name}' raised {type(error).__name__}{where}: {error}")
 
     def _resolve(batch_error: Exception, kwargs: dict, results: list) -> list:
-        """Per-sample outcomes (a value or an exception) -> the batch's rewards, or the error to raise."""
+        """Per-sample outcomes (a value or an exception) -> the batch's rewards, or the error to raise.
+
+        With ``"raise"`` the retries stop at the first failing sample (a judge is not paid for the rest), so a
+        failure is the last entry of ``results``. With ``"exclude"``, samples that succeed when retried keep their
+        value and only the failing ones are excluded; if every retry succeeds (a transient batch error), the batch
+        gets the retried values."""
         failures = [(i, r) for i, r in enumerate(results) if isinstance(r, Exception)]
-        if not failures:  # every sample passes alone: the batch call itself is at fault
-            raise _failure(batch_error, kwargs, None) from batch_error
         if on_error == "raise":
-            index, error = failures[0]
-            raise _failure(error, kwargs, index) from error
+            if failures:
+                index, error = failures[0]
+                raise _failure(error, kwargs, index) from error
+            # every sample passes alone: the batch call itself is at fault
+            raise _failure(batch_error, kwargs, None) from batch_error
         wrapper.error_count += len(failures)
+        wrapper.retried_count += len(results) - len(failures)
         return [None if isinstance(r, Exception) else r for r in results]
 
     def _single_value(output):
-        if output is None or isinstance(output, (str, bytes)) or not hasattr(output, "__len__") or len(output) != 1:
+        if output is None or isinstance(output, (str, bytes, dict)) or not hasattr(output, "__iter__"):
+            raise RewardFunctionError(f"Reward function '{name}' did not return one reward for one completion.")
+        output = list(output)
+        if len(output) != 1:
             raise RewardFunctionError(f"Reward function '{name}' did not return one reward for one completion.")
         return output[0]
 
@@ -186,6 +218,8 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> 
                         results.append(_single_value(await func(*args, **_one_sample(kwargs, index, size))))
                     except Exception as sample_error:  # noqa: BLE001
                         results.append(sample_error)
+                        if on_error == "raise":
+                            break
                 output = _resolve(error, kwargs, results)
             return _check(output, kwargs)
 
@@ -208,6 +242,8 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> 
                         results.append(_single_value(func(*args, **_one_sample(kwargs, index, size))))
                     except Exception as sample_error:  # noqa: BLE001
                         results.append(sample_error)
+                        if on_error == "raise":
+                            break
                 output = _resolve(error, kwargs, results)
             return _check(output, kwargs)
 
@@ -215,4 +251,5 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> 
     wrapper.__name__ = name
     wrapper.__wrapped_reward_function__ = func
     wrapper.error_count = 0
+    wrapper.retried_count = 0
     return wrapper
