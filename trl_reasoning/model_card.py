@@ -48,13 +48,11 @@ BOOKKEEPING_FIELDS = frozenset(
 )
 #: Fields that every config derives in `__post_init__` from the algorithm's pieces (TRL-compatibility mirrors).
 DERIVED_FIELDS = frozenset({"loss_type", "scale_rewards", "generation_batch_size", "steps_per_generation"})
-#: Fields copied from the run into the reference config that recognises derived values: other fields' automatic
-#: values depend on them (device and precision checks, `"auto"` lengths, activation checkpointing).
-ENVIRONMENT_FIELDS = frozenset(
-    {"output_dir", "use_cpu", "bf16", "fp16", "gradient_checkpointing", "max_completion_length", "use_vllm"}
-)
 #: The fields that name an algorithm's pieces, shown first.
 ALGORITHM_FIELDS = ("advantage_estimator", "policy_loss", "loss_aggregation")
+#: The attribute in which `ReasoningConfig.__post_init__` records the values it derived from fields left at their
+#: defaults (`{name: derived value}`), so the card can tell them from values the user set.
+DERIVED_VALUES_ATTRIBUTE = "_trl_reasoning_derived_values"
 
 _MISSING = object()
 
@@ -75,31 +73,37 @@ def _normalize(value: Any) -> Any:
     return value
 
 
-def _reference_config(args: Any) -> Any | None:
-    """A config of `type(args)` with every field at its default except `ENVIRONMENT_FIELDS`, copied from `args`, so
-    that `__post_init__` derives the same automatic values (`"auto"` lengths, accelerator settings) as in `args`.
-    `None` if it cannot be built."""
-    kwargs = {name: getattr(args, name) for name in ENVIRONMENT_FIELDS if hasattr(args, name)}
-    try:
-        return type(args)(**kwargs)
-    except Exception:  # a config that validates against its environment; fall back to the field defaults
-        return None
+def record_derived_values(config: Any, passed: dict[str, Any]) -> None:
+    """Remember, on `config`, the fields that were passed at their default and that `__post_init__` changed (device
+    and precision settings, `"auto"` lengths, TRL-compatibility mirrors). `passed` holds the field values as they
+    were before `__post_init__` ran. Called by `ReasoningConfig.__post_init__`; [`non_default_settings`] reads it."""
+    derived = {}
+    for field in dataclasses.fields(config):
+        if field.name not in passed:
+            continue
+        default = _normalize(_field_default(field))
+        before, after = _normalize(passed[field.name]), _normalize(getattr(config, field.name, _MISSING))
+        if before == default and after != before:
+            derived[field.name] = after
+    object.__setattr__(config, DERIVED_VALUES_ATTRIBUTE, derived)
 
 
 def non_default_settings(args: Any) -> dict[str, tuple[Any, Any]]:
     """
     The fields of the dataclass `args` whose value differs from the field's default in its own class (so a preset's
     paper defaults count as defaults), leaving out bookkeeping fields (paths, hub, reporting) and values that
-    `__post_init__` derives. Defaults are read from the dataclass fields; the derived values are recognised by building
-    a reference config with only the fields of `ENVIRONMENT_FIELDS` copied from `args` (device, precision, lengths),
-    never a bare default config (which can fail, e.g. `bf16` on a CPU).
+    `__post_init__` derived from defaults (recorded by [`record_derived_values`] when the config was built; a value
+    changed after that is shown).
+
+    It only reads `args`: it never builds a config, because building one runs `TrainingArguments.__post_init__`,
+    which resets accelerate's global state under a running trainer (the card is written with every checkpoint).
 
     Returns:
         `dict[str, tuple[Any, Any]]`: `{name: (value, default)}` in field order.
     """
     if not dataclasses.is_dataclass(args):
         raise TypeError(f"non_default_settings needs a dataclass config, got {type(args).__name__}.")
-    reference = _reference_config(args)
+    derived = getattr(args, DERIVED_VALUES_ATTRIBUTE, {})
     changed = {}
     for field in dataclasses.fields(args):
         if not field.init or field.name.startswith("_") or field.name in BOOKKEEPING_FIELDS | DERIVED_FIELDS:
@@ -111,9 +115,8 @@ def non_default_settings(args: Any) -> dict[str, tuple[Any, Any]]:
         value, default = _normalize(value), _normalize(default)
         if value == default:
             continue
-        if field.name not in ENVIRONMENT_FIELDS and reference is not None:
-            if value == _normalize(getattr(reference, field.name, _MISSING)):
-                continue  # what __post_init__ derives from the defaults in this environment
+        if field.name in derived and value == derived[field.name]:
+            continue  # what __post_init__ derived from the default in this environment
         changed[field.name] = (value, default)
     return changed
 

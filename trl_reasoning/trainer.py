@@ -21,6 +21,7 @@ How a step works, on top of TRL's ``GRPOTrainer``:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import inspect
 import json
@@ -37,12 +38,14 @@ from packaging.version import Version
 from transformers import TrainingArguments
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import add_fused_lm_head
 
 from .advantages import ADVANTAGE_ESTIMATORS, GROUP_RELATIVE_ESTIMATORS, compute_advantages
 from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
+from .lm_head import cast_lm_head_to_fp32, unwrap_peft
 from .logits import chunked_logps, chunked_logps_from_hidden, rollout_topk, rollout_topk_from_hidden
 from .losses import DPPO_DEFAULT_THRESHOLDS, POLICY_LOSSES, compute_policy_loss
-from .model_card import ReasoningModelCardMixin
+from .model_card import ReasoningModelCardMixin, record_derived_values
 from .rewards import (
     REWARD_ERROR_POLICIES,
     RewardFunctionError,
@@ -60,6 +63,7 @@ from .sampling import (
     prompt_key,
     select_groups,
 )
+from .typed_fields import coerce_field_types
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +87,14 @@ TRL_PRIVATE_API: dict[str, tuple[str, ...]] = {
     "get_off_policy_mask": ("advantages", "per_token_logps", "sampling_per_token_logps", "mask"),
     "_get_output_dir": ("trial",),
 }
+
+#: TRL functions (outside ``GRPOTrainer``) called here as ``GRPOTrainer.__init__`` calls them, with the leading
+#: parameter names relied on. Checked against TRL 1.16.0.
+TRL_HELPER_FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "add_fused_lm_head": ("model", "temperature", "cast_lm_head_to_fp32", "outputs"),
+}
+#: The per-token outputs GRPOTrainer asks of its fused LM head (TRL 1.16, ``GRPOTrainer.__init__``).
+TRL_FUSED_LM_HEAD_OUTPUTS = ("log_probs", "entropy")
 
 #: ``GRPOTrainer`` instance attributes read by the overrides (set in TRL's ``__init__``).
 TRL_INSTANCE_ATTRIBUTES = (
@@ -134,6 +146,19 @@ def check_trl_private_api(trainer_class: type = GRPOTrainer) -> None:
         if tuple(params[: len(expected)]) != expected:
             problems.append(
                 f"{trainer_class.__name__}.{name} takes ({', '.join(params)}), expected it to start with "
+                f"({', '.join(expected)})"
+            )
+    import trl.trainer.utils as trl_utils
+
+    for name, expected in TRL_HELPER_FUNCTIONS.items():
+        function = getattr(trl_utils, name, None)
+        if function is None:
+            problems.append(f"trl.trainer.utils.{name} no longer exists")
+            continue
+        params = list(inspect.signature(function).parameters)
+        if tuple(params[: len(expected)]) != expected:
+            problems.append(
+                f"trl.trainer.utils.{name} takes ({', '.join(params)}), expected it to start with "
                 f"({', '.join(expected)})"
             )
     if problems:
@@ -370,10 +395,16 @@ class ReasoningConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        # A value given in Python gets the conversion TRL's YAML/CLI parsing applies (never a truthy "false").
+        coerce_field_types(self)
+        passed = {item.name: getattr(self, item.name) for item in dataclasses.fields(self) if item.init}
         self._resolve_loss()
         self._resolve_advantage_estimator()
         self._validate_reasoning_fields()
         super().__post_init__()
+        # The model card tells what the user set from what __post_init__ derived, without building a config later
+        # (building one mid-training resets accelerate's global state).
+        record_derived_values(self, passed)
 
     # Secrets (`hub_token`, ...) never leave the process: the repr and pickles (`training_args.bin`, written by the
     # Trainer next to every checkpoint) replace them with a placeholder; in-process copies keep them.
@@ -655,7 +686,20 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
                 f"{type(self).__name__} needs a {self.config_class.__name__} as `args`, got "
                 f"{type(args).__name__}. Build it with the same arguments: {self.config_class.__name__}(...)."
             )
-        super().__init__(model, reward_funcs, args, *more, **kwargs)
+        # TRL's cast_lm_head_to_fp32 fails on a PEFT model with tied embeddings (it reaches for
+        # `model.model.embed_tokens`): under PEFT this trainer casts the head itself (see trl_reasoning.lm_head).
+        bound = inspect.signature(GRPOTrainer.__init__).bind(self, model, reward_funcs, args, *more, **kwargs)
+        own_fp32_head = args.cast_lm_head_to_fp32 and (
+            bound.arguments.get("peft_config") is not None or hasattr(model, "peft_config")
+        )
+        if own_fp32_head:
+            args.cast_lm_head_to_fp32 = False
+        try:
+            super().__init__(model, reward_funcs, args, *more, **kwargs)
+        finally:
+            args.cast_lm_head_to_fp32 = args.cast_lm_head_to_fp32 or own_fp32_head
+        if own_fp32_head:
+            self._cast_peft_lm_head_to_fp32()
         missing = [name for name in TRL_INSTANCE_ATTRIBUTES if not hasattr(self, name)]
         if missing:
             raise TRLCompatibilityError(
@@ -704,20 +748,36 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
                 "with Dataset.from_generator / .take(n), or turn the option off."
             )
 
+    def _cast_peft_lm_head_to_fp32(self) -> None:
+        """The FP32 LM head under PEFT, done here because TRL's cast fails there: cast the base model's head, then
+        rebuild TRL's fused LM head (built while the flag was off) so that it, too, projects in float32."""
+        base = unwrap_peft(self.model)
+        cast_lm_head_to_fp32(self.model)
+        if "forward" in vars(base):  # TRL's fused head, an instance attribute over the class's forward
+            del base.forward
+        # TRL 1.16's own call (GRPOTrainer.__init__), with the flag on.
+        add_fused_lm_head(
+            base, temperature=self.temperature, cast_lm_head_to_fp32=True, outputs=TRL_FUSED_LM_HEAD_OUTPUTS
+        )
+
     # ------------------------------------------------------------------ TRL private override 1 of 6
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self.args.on_reward_error == "exclude":
             mode = "train" if self.model.training else "eval"
+            counters = ("error_count", "retried_count")
             counts = torch.tensor(
-                [float(getattr(func, "error_count", 0)) for func in self.reward_funcs], device=rewards_per_func.device
+                [[float(getattr(func, counter, 0)) for counter in counters] for func in self.reward_funcs],
+                device=rewards_per_func.device,
             )
             for func in self.reward_funcs:
-                if hasattr(func, "error_count"):
-                    func.error_count = 0
+                for counter in counters:
+                    if hasattr(func, counter):
+                        setattr(func, counter, 0)
             counts = self.accelerator.reduce(counts, reduction="sum")
-            for name, count in zip(self.reward_func_names, counts.tolist()):
-                self._metrics[mode][f"rewards/{name}/errors"].append(count)
+            for name, (errors, retried) in zip(self.reward_func_names, counts.tolist()):
+                self._metrics[mode][f"rewards/{name}/errors"].append(errors)
+                self._metrics[mode][f"rewards/{name}/retried_ok"].append(retried)
         check_reward_columns(rewards_per_func, self.reward_func_names)
         device = rewards_per_func.device
         lengths = torch.tensor([len(ids) for ids in completion_ids_list], dtype=torch.float32, device=device)
