@@ -212,12 +212,35 @@ def load_task_dataset(task: str | None, dataset_name: str | None, dataset_config
         dataset_name, dataset_config = _GSM8K
     if dataset_name is None:
         raise ValueError("No dataset: set --dataset_name (or dataset_name: in the YAML recipe) or --task.")
-    dataset = load_dataset(dataset_name, name=dataset_config)
+    builder = _file_builder(dataset_name)
+    if builder is not None:  # one local data file: its rows are the "train" split
+        dataset = load_dataset(builder, data_files={"train": os.path.expanduser(dataset_name)})
+    else:
+        dataset = load_dataset(dataset_name, name=dataset_config)
     if task == "gsm8k":
         from .rewards_math import format_gsm8k
 
         dataset = dataset.map(format_gsm8k)
     return dataset
+
+
+#: `datasets` builders for local data files, by extension.
+_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+
+
+def _file_builder(dataset_name: str) -> str | None:
+    """The `datasets` builder of a local data file (`train.jsonl` -> `"json"`), or `None` for anything else (a Hub
+    name or a folder, which `load_dataset` reads itself)."""
+    path = os.path.expanduser(dataset_name)
+    if not os.path.isfile(path):
+        return None
+    extension = os.path.splitext(path)[1].lower()
+    if extension not in _FILE_BUILDERS:
+        raise ValueError(
+            f"--dataset_name {dataset_name!r} is a file with an unknown extension; use one of "
+            f"{', '.join(sorted(_FILE_BUILDERS))}, or a folder or Hub dataset name."
+        )
+    return _FILE_BUILDERS[extension]
 
 
 def _reward_funcs(names: list[str] | None, task: str | None) -> list[Callable]:
