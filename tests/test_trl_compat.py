@@ -67,3 +67,25 @@ def test_unsupported_trl_version_warns(monkeypatch):
     monkeypatch.setattr(trl, "__version__", "2.0.0")
     with pytest.warns(UserWarning, match=r"trl-reasoning supports trl>=1\.16\.0,<1\.17\.0, but trl 2\.0\.0"):
         seam.warn_if_trl_unsupported()
+
+
+def test_a_changed_trl_helper_function_is_named(monkeypatch):
+    import trl.trainer.utils as trl_utils
+
+    def add_fused_lm_head(model, temperature=1.0, outputs=("log_probs",)):  # cast_lm_head_to_fp32 dropped
+        return None
+
+    monkeypatch.setattr(trl_utils, "add_fused_lm_head", add_fused_lm_head)
+    with pytest.raises(seam.TRLCompatibilityError, match=r"trl\.trainer\.utils\.add_fused_lm_head takes"):
+        seam.check_trl_private_api(GRPOTrainer)
+
+
+def test_the_fused_head_outputs_are_trls():
+    """The PEFT FP32-head path rebuilds TRL's fused LM head with TRL's own arguments: read them from TRL's source."""
+    import inspect
+
+    source = inspect.getsource(GRPOTrainer.__init__)
+    assert f"outputs={seam.TRL_FUSED_LM_HEAD_OUTPUTS!r}" in source.replace('"', "'"), (
+        "GRPOTrainer.__init__ no longer asks its fused LM head for "
+        f"{seam.TRL_FUSED_LM_HEAD_OUTPUTS}: update TRL_FUSED_LM_HEAD_OUTPUTS"
+    )
