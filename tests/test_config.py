@@ -93,7 +93,7 @@ def test_trl_fields_are_honoured(trl_kwargs, expected):
         (tr.ReasoningConfig, {"overlong_cache_length": "half"}, "overlong_cache_length must be a positive int"),
         (tr.DPPOConfig, {"dppo_threshold": -0.1}, "dppo_threshold must be >= 0"),
         (tr.DPPOConfig, {"dppo_divergence": "topk_l1"}, "Unknown dppo_divergence 'topk_l1'. Allowed values: binary_tv"),
-        (tr.DPPOConfig, {"dppo_is_cap": 0.0}, "dppo_is_cap must be > 0"),
+        (tr.DPPOConfig, {"dppo_is_cap": 0.0}, "dppo_is_cap must be >= 1"),
         (tr.MaxRLConfig, {"maxrl_reward_threshold": -1.0}, "maxrl_reward_threshold must be >= 0"),
         (tr.MaxRLConfig, {"overlong_cache_length": 4}, "overlong_cache_length shapes the reward"),
         (tr.ReasoningConfig, {"epsilon_high": -0.1}, "epsilon_high must be > 0"),

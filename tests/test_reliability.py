@@ -259,6 +259,52 @@ def test_tokenizer_with_right_padding_is_left_padded_for_generation(tiny_model_p
         assert torch.equal(outputs["left"][key], right[key]), key
 
 
+# ====================================================================================== task reward
+
+
+def format_bonus(completions, **kwargs):
+    """An auxiliary reward every completion earns."""
+    return [1.0] * len(completions)
+
+
+def never_solved(completions, **kwargs):
+    """A correctness reward no completion earns."""
+    return [0.0] * len(completions)
+
+
+def test_no_positive_resampling_with_several_rewards_needs_task_reward_funcs(tiny_model_path, tmp_path):
+    with pytest.raises(ValueError, match=r"task reward is ambiguous.*task_reward_funcs=\['never_solved'\]"):
+        _trainer(tiny_model_path, tmp_path, [never_solved, format_bonus], tr.ScaleRLTrainer)
+
+
+def test_task_reward_funcs_must_name_reward_functions(tiny_model_path, tmp_path):
+    with pytest.raises(ValueError, match=r"task_reward_funcs names 'correct'.*'never_solved', 'format_bonus'"):
+        _trainer(
+            tiny_model_path, tmp_path, [never_solved, format_bonus], tr.ScaleRLTrainer, task_reward_funcs="correct"
+        )
+
+
+def test_a_format_bonus_never_retires_an_unsolved_prompt(tiny_model_path, tmp_path):
+    def run(task):
+        trainer = _trainer(
+            tiny_model_path,
+            tmp_path / task,
+            [never_solved, format_bonus],
+            tr.ScaleRLTrainer,
+            task_reward_funcs=[task],
+            max_steps=2,
+        )
+        trainer.train()
+        return trainer
+
+    judged_on_correctness = run("never_solved")
+    assert len(judged_on_correctness._retired_prompts) == 0
+    assert set(logged_metric(judged_on_correctness, "task_reward")) == {0.0}
+    assert set(logged_metric(judged_on_correctness, "reward")) == {1.0}  # the combined reward, as TRL logs it
+    # the knob decides: judged on the format bonus, the same run retires every prompt it sees
+    assert len(run("format_bonus")._retired_prompts) > 0
+
+
 # ====================================================================================== configs
 
 INVALID_FIELDS = [
@@ -268,7 +314,7 @@ INVALID_FIELDS = [
     ("loss_aggregation", "sum", r"loss[_ ]aggregation 'sum'\. Allowed values: token_mean, seq_mean_token_mean"),
     ("dppo_divergence", "topk_l1", r"dppo_divergence 'topk_l1'\. Allowed values: binary_tv, binary_kl, topk_tv"),
     ("dppo_threshold", -0.1, r"dppo_threshold must be >= 0"),
-    ("dppo_is_cap", 0.0, r"dppo_is_cap must be > 0"),
+    ("dppo_is_cap", 0.0, r"dppo_is_cap must be >= 1"),
     ("dppo_topk", 0, r"dppo_topk must be an int >= 1"),
     ("positive_resampling_threshold", 0.0, r"positive_resampling_threshold must be in \(0, 1\]"),
     ("positive_resampling_threshold", 1.5, r"positive_resampling_threshold must be in \(0, 1\]"),
@@ -290,6 +336,43 @@ CONFIG_ROWS = [
 def test_invalid_config_value_names_the_field(config_cls, name, value, message):
     with pytest.raises(ValueError, match=message):
         config_cls(**cpu_args(**{name: value}))
+
+
+WRONG_TYPES_AND_ORDER = [
+    # (config class, kwargs, pattern naming the field(s)); values a user passes from Python by mistake
+    pytest.param(tr.DAPOConfig, {"dynamic_sampling": "maybe"}, r"dynamic_sampling must be a bool", id="bool_from_text"),
+    pytest.param(tr.DAPOConfig, {"epsilon_high": "high"}, r"epsilon_high must be a float", id="float_from_text"),
+    pytest.param(tr.DAPOConfig, {"max_num_gen_batches": 2.5}, r"max_num_gen_batches must be an int", id="int_from_float"),
+    pytest.param(tr.DAPOConfig, {"learning_rate": [1e-3]}, r"learning_rate must be a float", id="float_from_list"),
+    pytest.param(tr.DAPOConfig, {"epsilon": True}, r"epsilon must be a float, got True", id="float_from_bool"),
+    pytest.param(tr.DAPOConfig, {"epsilon": 0.3}, r"epsilon_high=0.28 is below epsilon=0.3", id="clip_high_below_low"),
+    pytest.param(tr.CISPOConfig, {"epsilon_high": 0.28}, r"epsilon_high=0.28 is below 1 with policy_loss='cispo'", id="cispo_cap_below_1"),
+    pytest.param(tr.ReasoningConfig, {"delta": 0.9}, r"delta=0.9 must be > 1", id="delta_below_1"),
+    pytest.param(tr.ReasoningConfig, {"entropy_coef_min": 0.5, "entropy_coef_max": 0.1}, r"entropy_coef_min=0.5 is above entropy_coef_max=0.1", id="entropy_bounds"),
+    pytest.param(tr.ReasoningConfig, {"temperature": 0.0}, r"temperature must be > 0", id="temperature_zero"),
+    pytest.param(tr.ScaleRLConfig, {"task_reward_funcs": []}, r"task_reward_funcs must be a non-empty list", id="empty_task_rewards"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("config_cls", "kwargs", "message"), WRONG_TYPES_AND_ORDER)
+def test_wrong_type_or_order_names_the_field(config_cls, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        config_cls(**cpu_args(**kwargs))
+
+
+def test_strings_convert_as_trl_yaml_parsing_does(tmp_path):
+    # A YAML recipe with quoted values, parsed by TRL's own TrlParser, and the same values passed from Python.
+    values = {"dynamic_sampling": "false", "epsilon_high": "0.3", "max_num_gen_batches": "4", "scale_rewards": "group"}
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("".join(f'{key}: "{value}"\n' for key, value in values.items()))
+    (parsed,) = trl.TrlParser((tr.DAPOConfig,)).parse_args_and_config(
+        ["--config", str(recipe), "--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false"]
+    )
+    built = tr.DAPOConfig(**cpu_args(output_dir=str(tmp_path), **values))
+    for key in ("dynamic_sampling", "epsilon_high", "max_num_gen_batches", "scale_rewards"):
+        assert getattr(built, key) == getattr(parsed, key), key
+        assert type(getattr(built, key)) is type(getattr(parsed, key)), key
+    assert built.dynamic_sampling is False and built.epsilon_high == 0.3 and built.max_num_gen_batches == 4
 
 
 # ====================================================================================== environment

@@ -257,6 +257,13 @@ class ReasoningConfig(GRPOConfig):
             ScaleRL's no-positive-resampling: a prompt whose group pass rate (share of completions with task reward
             `> 0`) reaches this threshold is not sampled again in later epochs (ScaleRL: 0.9). The retired prompts
             are saved in checkpoints. `None` turns it off.
+        task_reward_funcs (`list[str]` or `None`, *optional*, defaults to `None`):
+            The reward functions, by name (as logged under `rewards/<name>`), whose weighted sum is the *task* reward:
+            what dynamic sampling and zero-variance filtering call informative and what no-positive-resampling calls
+            a pass (task reward `> 0`). Auxiliary rewards (format, length) and overlong shaping still shape the
+            advantage but never decide these. `None` takes every reward function, except that no-positive-resampling
+            with several reward functions needs it set (a format bonus alone must never retire a prompt the model
+            never solved). Logged as `task_reward`.
 
         > Parameters of fault handling
 
@@ -357,6 +364,13 @@ class ReasoningConfig(GRPOConfig):
         metadata={
             "help": "ScaleRL no-positive-resampling: prompts whose group pass rate reaches this threshold are not "
             "sampled in later epochs. None = off."
+        },
+    )
+    task_reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "The reward functions (by name) whose weighted sum is the task reward that dynamic sampling, "
+            "zero-variance filtering and no-positive-resampling judge. None = all of them."
         },
     )
     on_reward_error: str = field(
@@ -538,6 +552,17 @@ class ReasoningConfig(GRPOConfig):
             raise ValueError(
                 f"positive_resampling_threshold must be in (0, 1] (a group pass rate) or None, got {threshold}."
             )
+        if isinstance(self.task_reward_funcs, str):
+            self.task_reward_funcs = [self.task_reward_funcs]
+        if self.task_reward_funcs is not None:
+            names = list(self.task_reward_funcs)
+            if not names or not all(isinstance(name, str) and name for name in names):
+                raise ValueError(
+                    f"task_reward_funcs must be a non-empty list of reward function names (or None for all), got "
+                    f"{self.task_reward_funcs!r}."
+                )
+            self.task_reward_funcs = names
+        self._validate_ordering()
         if self.dppo_divergence not in DPPO_DEFAULT_THRESHOLDS:
             raise ValueError(
                 f"Unknown dppo_divergence {self.dppo_divergence!r}. Allowed values: "
@@ -559,8 +584,11 @@ class ReasoningConfig(GRPOConfig):
             raise ValueError(
                 f"dppo_threshold must be >= 0 (or None for the paper default), got {self.dppo_threshold}."
             )
-        if self.dppo_is_cap <= 0:
-            raise ValueError(f"dppo_is_cap must be > 0, got {self.dppo_is_cap}.")
+        if self.dppo_is_cap < 1.0:
+            raise ValueError(
+                f"dppo_is_cap must be >= 1 (a cap on the ratio pi / mu_rollout below the on-policy ratio 1 shrinks "
+                f"every token's weight), got {self.dppo_is_cap}."
+            )
         if self.maxrl_reward_threshold is not None and self.maxrl_reward_threshold < 0:
             raise ValueError(f"maxrl_reward_threshold must be >= 0 (or None), got {self.maxrl_reward_threshold}.")
         self._resolve_overlong_cache_length()
@@ -574,6 +602,36 @@ class ReasoningConfig(GRPOConfig):
                         f"{name} shapes the reward, but advantage_estimator='maxrl' needs binary rewards. Turn "
                         f"{name} off, or set maxrl_reward_threshold to binarize the shaped reward."
                     )
+
+    def _validate_ordering(self) -> None:
+        """Bounds that only make sense in one order, each error naming the fields."""
+        epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
+        if self.policy_loss in ("clip", "gspo") and epsilon_high < self.epsilon:
+            raise ValueError(
+                f"epsilon_high={epsilon_high} is below epsilon={self.epsilon}: the clip's upper bound 1 + epsilon_high "
+                "would sit closer to 1 than its lower bound 1 - epsilon (DAPO's clip-higher is epsilon_high >= "
+                "epsilon). Raise epsilon_high, or lower epsilon."
+            )
+        if self.policy_loss == "cispo" and epsilon_high < 1.0:
+            raise ValueError(
+                f"epsilon_high={epsilon_high} is below 1 with policy_loss='cispo', where it is an absolute cap on the "
+                "importance ratio (TRL's semantics; the paper's 1 + eps_high): a cap below the on-policy ratio 1 "
+                "shrinks every token's weight. Use a cap >= 1 (TRL recommends 5.0; ScaleRL found 4, 5 and 8 alike)."
+            )
+        if self.delta is not None and self.delta <= 1.0:
+            raise ValueError(
+                f"delta={self.delta} must be > 1: it is the upper bound of two-sided clipping on the ratio, and a bound "
+                "at or below the on-policy ratio 1 cuts the gradient of every token (TRL recommends delta > 1 + "
+                "epsilon_high)."
+            )
+        if self.entropy_coef_min > self.entropy_coef_max:
+            raise ValueError(
+                f"entropy_coef_min={self.entropy_coef_min} is above entropy_coef_max={self.entropy_coef_max}."
+            )
+        if not 0.0 < self.top_entropy_quantile <= 1.0:
+            raise ValueError(f"top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile}.")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}.")
 
     def _resolve_overlong_cache_length(self) -> None:
         value = self.overlong_cache_length
@@ -710,6 +768,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             func if isinstance(func, torch.nn.Module) else wrap_reward_function(func, name, self.args.on_reward_error)
             for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
         ]
+        self._task_reward_columns = self._resolve_task_reward_columns()
         self._scored_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         # Sampling state (saved in checkpoints): ScaleRL's retired prompts and DAPO's extra-prompt stream.
         self._retired_prompts = RetiredPrompts()
@@ -747,6 +806,27 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
                 "and retired prompts are looked up by index, which an IterableDataset does not support. Convert it "
                 "with Dataset.from_generator / .take(n), or turn the option off."
             )
+
+    def _resolve_task_reward_columns(self) -> torch.Tensor:
+        """Which reward functions make the task reward (a bool per function), from ``task_reward_funcs``."""
+        names, available = self.args.task_reward_funcs, list(self.reward_func_names)
+        if names is None:
+            if self.args.positive_resampling_threshold is not None and len(available) > 1:
+                raise ValueError(
+                    f"positive_resampling_threshold={self.args.positive_resampling_threshold} retires prompts whose "
+                    f"task reward passes, but with several reward functions ({', '.join(available)}) the task reward "
+                    "is ambiguous: a format or length bonus alone could retire a prompt the model never solved. Set "
+                    "task_reward_funcs to the functions that judge correctness, e.g. "
+                    f"task_reward_funcs=[{available[0]!r}]."
+                )
+            return torch.ones(len(available), dtype=torch.bool)
+        unknown = [name for name in names if name not in available]
+        if unknown:
+            raise ValueError(
+                f"task_reward_funcs names {', '.join(map(repr, unknown))}, which is not a reward function of this "
+                f"trainer; its reward functions are {', '.join(map(repr, available))}."
+            )
+        return torch.tensor([name in names for name in available], dtype=torch.bool)
 
     def _cast_peft_lm_head_to_fp32(self) -> None:
         """The FP32 LM head under PEFT, done here because TRL's cast fails there: cast the base model's head, then
@@ -818,8 +898,11 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         logged = self._logs["advantages"]
         for _ in range(min(len(logged), rewards_per_func.shape[0])):
             logged.pop()
-        task_rewards = self._combined_rewards(rewards_per_func)
-        rewards = self._shaped_rewards(task_rewards, rewards_per_func, lengths, output, mode)
+        task_rewards = self._combined_rewards(rewards_per_func, self._task_reward_columns)
+        self._metrics[mode]["task_reward"].append(torch.nanmean(task_rewards).nan_to_num(0.0).item())
+        rewards = self._shaped_rewards(
+            self._combined_rewards(rewards_per_func), rewards_per_func, lengths, output, mode
+        )
         if self._uses_topk_divergence:
             output.update(self._rollout_topk(output, mode))
         return output, rewards, task_rewards
@@ -1077,21 +1160,25 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         if state.get("prompt_stream") is not None:
             self._extra_prompt_stream().load_state_dict(state["prompt_stream"])
 
-    def _combined_rewards(self, rewards_per_func) -> torch.Tensor:
-        """The weighted sum of the reward functions for every completion of the gathered batch (``NaN`` =
-        unscorable: no function scored it), as TRL's ``multi_objective_aggregation="sum_then_normalize"``."""
+    def _combined_rewards(self, rewards_per_func, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """The weighted sum of the reward functions (of those in ``columns``, a bool per function, when given) for
+        every completion of the gathered batch (``NaN`` = unscorable: none of them scored it), as TRL's
+        ``multi_objective_aggregation="sum_then_normalize"``."""
         weights = self.reward_weights.to(rewards_per_func.device)
+        if columns is not None:
+            columns = columns.to(rewards_per_func.device)
+            rewards_per_func, weights = rewards_per_func[:, columns], weights[columns]
         rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
         return rewards
 
-    def _shaped_rewards(self, task_rewards, rewards_per_func, lengths, output, mode) -> torch.Tensor:
-        """``task_rewards`` with the configured shaping (MaxRL binary check, DAPO overlong penalty, RLOO KL
+    def _shaped_rewards(self, combined, rewards_per_func, lengths, output, mode) -> torch.Tensor:
+        """The ``combined`` reward with the configured shaping (MaxRL binary check, DAPO overlong penalty, RLOO KL
         penalty)."""
         args = self.args
         weights = self.reward_weights.to(rewards_per_func.device)
-        unscorable = torch.isnan(task_rewards)
-        rewards = task_rewards.clone()
+        unscorable = torch.isnan(combined)
+        rewards = combined.clone()
 
         if args.advantage_estimator == "maxrl" and args.maxrl_reward_threshold is None:
             offenders = non_binary_reward_functions(rewards_per_func, self.reward_func_names)
