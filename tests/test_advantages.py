@@ -15,7 +15,7 @@ from trl_reasoning.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, n
 
 NAN = float("nan")
 EPS = 1e-4
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "maxrl", "batch")
+ESTIMATORS = ("grpo", "dr_grpo", "rloo", "maxrl", "batch", "scalerl")
 
 
 def t64(values):
@@ -123,6 +123,25 @@ def test_batch_normalizes_by_the_std_of_the_whole_batch():
     check(compute_advantages(t64([1, NAN, 0, 1, 0, 0]), 3, "batch"), [a, 0, -a, b, c, c])
 
 
+def test_scalerl_scales_by_the_std_of_the_centred_advantages():
+    # Groups [1, 0] and [1, 1] (means 0.5 and 1): centred [0.5, -0.5, 0, 0], whose std is sqrt(1/6) = 0.40824829;
+    # the raw rewards' std would be 0.5 (the `batch` estimator).
+    a = 0.5 / (math.sqrt(1 / 6) + 1e-4)
+    check(compute_advantages(t64([1, 0, 1, 1]), 2, "scalerl"), [a, -a, 0, 0])
+    b = 0.5 / (0.5 + 1e-4)
+    check(compute_advantages(t64([1, 0, 1, 1]), 2, "batch"), [b, -b, 0, 0])
+
+
+def test_scalerl_on_pm1_rewards_is_larger_than_batch():
+    # ALGORITHMS.md: on +-1 rewards the raw-reward std also counts the spread between prompts.
+    rewards, num_generations = random_rewards(4, binary=True)
+    rewards = torch.nan_to_num(rewards, nan=0.0) * 2 - 1
+    scalerl = compute_advantages(rewards, num_generations, "scalerl")
+    batch = compute_advantages(rewards, num_generations, "batch")
+    moving = batch != 0
+    assert bool(moving.any()) and bool((scalerl[moving].abs() > batch[moving].abs()).all())
+
+
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_single_generation_gives_zero_advantages(estimator):
     # G = 1: no group baseline exists, every advantage is 0 (also with NaN and with non-binary rewards for maxrl).
@@ -194,6 +213,15 @@ def reference_advantages(rewards, num_generations, estimator, threshold=None):
         batch_std = math.sqrt(sum((r - mean_all) ** 2 for r in scored_all) / (len(scored_all) - 1))
     else:
         batch_std = 0.0
+    centred = []
+    for start in range(0, len(rewards), num_generations):
+        scored = [r for r in rewards[start : start + num_generations] if not math.isnan(r)]
+        centred += [r - sum(scored) / len(scored) for r in scored]
+    if len(centred) >= 2:
+        mean_centred = sum(centred) / len(centred)
+        centred_std = math.sqrt(sum((a - mean_centred) ** 2 for a in centred) / (len(centred) - 1))
+    else:
+        centred_std = 0.0
     out = []
     for start in range(0, len(rewards), num_generations):
         group = rewards[start : start + num_generations]
@@ -214,6 +242,8 @@ def reference_advantages(rewards, num_generations, estimator, threshold=None):
                 out.append((r - mean) / mean if mean > 0 else 0.0)
             elif estimator == "batch":
                 out.append((r - mean) / (batch_std + EPS))
+            elif estimator == "scalerl":
+                out.append((r - mean) / (centred_std + EPS))
     return out
 
 
@@ -235,7 +265,7 @@ def random_rewards(seed, binary):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo", "batch"])
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo", "batch", "scalerl"])
 def test_matches_reference_on_random_rewards(estimator, seed):
     rewards, num_generations = random_rewards(seed, binary=False)
     expected = reference_advantages(rewards.tolist(), num_generations, estimator)

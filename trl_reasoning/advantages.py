@@ -21,7 +21,7 @@ ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimat
 
 #: Estimators whose baseline is a statistic of the prompt's own group, so they need ``num_generations >= 2``.
 #: (All of ours are: ``batch`` still subtracts the group mean.)
-GROUP_RELATIVE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "maxrl", "batch")
+GROUP_RELATIVE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "maxrl", "batch", "scalerl")
 
 
 def nan_std(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
@@ -127,6 +127,23 @@ def batch_normalized_advantages(rewards: torch.Tensor, num_generations: int, eps
     grouped = _grouped(rewards, num_generations)
     std = torch.nan_to_num(nan_std(rewards), nan=0.0)
     return ((grouped - torch.nanmean(grouped, dim=1, keepdim=True)) / (std + epsilon)).view(-1)
+
+
+@ADVANTAGE_ESTIMATORS.register("scalerl")
+def scalerl_advantages(rewards: torch.Tensor, num_generations: int, epsilon: float = 1e-4) -> torch.Tensor:
+    """ScaleRL: prompt-level centring, batch-level scaling of the *centred* advantages.
+
+    ``Â_i = r_i - mean_g`` and ``A_i = Â_i / (std(Â) + eps)``, ``std(Â)`` (Bessel's correction) over every scored
+    completion of ``rewards``, which the trainer restricts to the batch's training groups (groups dropped by
+    zero-variance filtering or dynamic sampling are not passed in). Unlike ``batch`` (the std of the raw rewards, which
+    also counts the spread between prompts), only the within-group spread scales the advantages.
+
+    Source: ScaleRL, arXiv 2510.13786, §4 ("Â_std is the standard deviation of all advantages Â_i in a batch").
+    """
+    grouped = _grouped(rewards, num_generations)
+    centred = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).view(-1)
+    std = torch.nan_to_num(nan_std(centred), nan=0.0)
+    return centred / (std + epsilon)
 
 
 def compute_advantages(rewards: torch.Tensor, num_generations: int, estimator: str = "grpo", **kwargs) -> torch.Tensor:
