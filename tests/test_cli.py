@@ -54,13 +54,13 @@ def test_help_lists_the_algorithm_fields_with_paper_defaults(capsys):
 
 def test_yaml_sets_defaults_and_flags_override(tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("task: gsm8k\nlearning_rate: 2.0e-6\nepsilon_high: 0.3\nmodel_name_or_path: org/model\n")
+    recipe.write_text("task: gsm8k\nlearning_rate: 2.0e-6\nepsilon_high: 4.0\nmodel_name_or_path: org/model\n")
     data, args, model = cli.parse(
         "cispo",
         ["--config", str(recipe), "--learning_rate", "3e-6", "--use_cpu", "true", "--output_dir", str(tmp_path)],
     )
     assert type(args).__name__ == "CISPOConfig"
-    assert args.learning_rate == 3e-6 and args.epsilon_high == 0.3 and args.policy_loss == "cispo"
+    assert args.learning_rate == 3e-6 and args.epsilon_high == 4.0 and args.policy_loss == "cispo"
     assert data.task == "gsm8k" and model.model_name_or_path == "org/model"
 
 

@@ -14,15 +14,19 @@ PAPER_DEFAULTS = {
     tr.DAPOConfig: dict(advantage_estimator="grpo", policy_loss="clip", loss_aggregation="token_mean", epsilon=0.2,
                         epsilon_high=0.28, beta=0.0, loss_type="dapo", scale_rewards="group"),
     tr.CISPOConfig: dict(advantage_estimator="grpo", policy_loss="cispo", loss_aggregation="token_mean",
-                         epsilon_high=5.0, beta=0.0, loss_type="cispo"),
-    tr.DPPOConfig: dict(advantage_estimator="grpo", policy_loss="dppo", loss_aggregation="seq_mean_token_mean",
-                        dppo_divergence="binary_tv", dppo_threshold=None, dppo_is_cap=20.0, beta=0.0, loss_type=None),
+                         epsilon_high=5.0, beta=0.0, loss_type="cispo", dynamic_sampling=True,
+                         overlong_cache_length=102, cast_lm_head_to_fp32=True),  # 20% of TRL's 512 tokens
+    tr.DPPOConfig: dict(advantage_estimator="dr_grpo", policy_loss="dppo", loss_aggregation="seq_mean_token_sum_norm",
+                        dppo_divergence="binary_tv", dppo_threshold=None, dppo_is_cap=None, beta=0.0, loss_type=None),
     tr.MaxRLConfig: dict(advantage_estimator="maxrl", policy_loss="clip", loss_aggregation="token_mean", epsilon=0.2,
                          epsilon_high=None, beta=0.0, scale_rewards="none"),
     tr.RLOOConfig: dict(advantage_estimator="rloo", policy_loss="sequence_clip", loss_aggregation="seq_mean_token_sum",
                         beta=0.05, kl_in_reward=True, num_generations=2, epsilon=0.2),
     tr.DrGRPOConfig: dict(advantage_estimator="dr_grpo", policy_loss="clip", loss_aggregation="seq_mean_token_sum_norm",
                           beta=0.0, loss_type="dr_grpo", scale_rewards="none"),
+    tr.ScaleRLConfig: dict(advantage_estimator="scalerl", policy_loss="cispo", loss_aggregation="prompt_mean",
+                           epsilon_high=5.0, beta=0.0, zero_variance_filtering=True, positive_resampling_threshold=0.9,
+                           cast_lm_head_to_fp32=True),
 }  # fmt: skip
 
 

@@ -218,7 +218,7 @@ def test_scalerl_defaults_and_a_training_run(tiny_model_path, tmp_path):
         output_dir=str(tmp_path),
     )
     args = trainer.args
-    assert (args.advantage_estimator, args.policy_loss, args.loss_aggregation) == ("batch", "cispo", "prompt_mean")
+    assert (args.advantage_estimator, args.policy_loss, args.loss_aggregation) == ("scalerl", "cispo", "prompt_mean")
     assert args.epsilon_high == 5.0 and args.beta == 0.0
     assert args.zero_variance_filtering and args.positive_resampling_threshold == 0.9
     assert args.cast_lm_head_to_fp32 and not args.dynamic_sampling

@@ -45,16 +45,49 @@ def test_exclude_gives_none_to_the_failing_samples_and_counts_them():
     assert wrapped.error_count == 1
 
 
-def test_a_batch_level_failure_is_raised_even_when_excluding():
+def test_a_batch_level_failure_keeps_the_retried_values_when_excluding():
+    calls = []
+
     def batch_only(prompts, completions, **kwargs):
+        calls.append(len(completions))
         if len(completions) > 1:
             raise RuntimeError("needs a batch of one")
         return [1.0]
 
     wrapped = wrap_reward_function(batch_only, "batch_only", on_error="exclude")
     prompts, completions = _batch()
+    assert wrapped(prompts=prompts, completions=completions) == [1.0] * len(completions)
+    assert wrapped.error_count == 0 and wrapped.retried_count == len(completions)
+    assert calls == [len(completions)] + [1] * len(completions)  # one batch call, then one call per sample
+
+
+def test_a_batch_level_failure_is_raised_with_raise():
+    def batch_only(prompts, completions, **kwargs):
+        if len(completions) > 1:
+            raise RuntimeError("needs a batch of one")
+        return [1.0]
+
+    wrapped = wrap_reward_function(batch_only, "batch_only", on_error="raise")
+    prompts, completions = _batch()
     with pytest.raises(RewardFunctionError, match=r"'batch_only' raised RuntimeError: needs a batch of one"):
         wrapped(prompts=prompts, completions=completions)
+
+
+def test_raise_stops_calling_at_the_first_failing_sample():
+    calls = []
+
+    def fails_on_sample_1(prompts, completions, **kwargs):
+        calls.append(list(completions))
+        if len(completions) > 1 or completions[0] == completions_seen[1]:
+            raise ValueError("cannot parse")
+        return [0.0]
+
+    prompts, completions = _batch()
+    completions_seen = list(completions)
+    wrapped = wrap_reward_function(fails_on_sample_1, "judge", on_error="raise")
+    with pytest.raises(RewardFunctionError, match=r"'judge' raised ValueError on sample 1"):
+        wrapped(prompts=prompts, completions=completions)
+    assert len(calls) == 3  # the batch, sample 0, sample 1: no judge call for samples 2 and 3
 
 
 def test_async_reward_functions_are_located_too():

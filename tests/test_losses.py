@@ -192,11 +192,11 @@ def test_dppo_default_thresholds():
 
 
 def test_dppo_loss_hand_cases():
-    # binary_tv, delta = 0.15, C = 20; l = -A * min(pi/mu, C) * M * log pi, gradient -A * min(pi/mu, C) * M.
+    # binary_tv, delta = 0.15, no cap (the default); l = -A * (pi/mu) * M * log pi, gradient -A * (pi/mu) * M.
     # row 0: pi 0.6, mu 0.3, A = +1: D 0.3, pi > mu -> blocked, l = 0, gradient 0.
     # row 1: pi 0.6, mu 0.3, A = -1: kept, w = 2 -> l = 2 * log(0.6) = -1.02165125, gradient 2.
     # row 2: pi 0.3, mu 0.6, A = +1: kept, w = 0.5 -> l = -0.5 * log(0.3) = 0.60198640, gradient -0.5.
-    # row 3: pi 0.9, mu 0.01, A = -1: kept (pi > mu, A < 0), w = min(90, 20) = 20 -> l = 20 log(0.9) = -2.10721031.
+    # row 3: pi 0.9, mu 0.01, A = -1: kept (pi > mu, A < 0), w = 90 -> l = 90 log(0.9) = -9.48244641.
     logps = logs([[0.6], [0.6], [0.3], [0.9]])
     rollout = logs([[0.3], [0.3], [0.6], [0.01]])
     old = logs([[0.5]] * 4)  # pi_old differs from mu_roll: dppo must use the rollout probabilities
@@ -204,8 +204,9 @@ def test_dppo_loss_hand_cases():
     out, g = loss_and_grad(
         "dppo", logps, old, t64([1.0, -1.0, 1.0, -1.0]), t64([[1.0]] * 4), rollout_logps=rollout, stats=stats
     )
-    assert_close(out, t64([[0.0], [-1.0216512475319814], [0.6019864021629681], [-2.107210313156526]]), **TIGHT)
-    assert_close(g, t64([[0.0], [2.0], [-0.5], [20.0]]), **TIGHT)
+    assert_close(out, t64([[0.0], [-1.0216512475319814], [0.6019864021629681], [90 * math.log(0.9)]]), **TIGHT)
+    assert_close(out[3], t64([-9.482446409]), rtol=0, atol=1e-9)
+    assert_close(g, t64([[0.0], [2.0], [-0.5], [90.0]]), **TIGHT)
     assert stats["dppo/masked_frac_pos_adv"].view(-1).tolist() == [True, False, False, False]
     assert not stats["dppo/masked_frac_neg_adv"].any()
     # is_cap = 5 caps row 3's weight at 5: l = 5 log(0.9) = -0.52680258
@@ -355,7 +356,8 @@ def reference_per_token_loss(name, logps, old_logps, advantages, mask, **kw):
                     d, delta = mu * math.log(mu / pi) + (1 - mu) * math.log((1 - mu) / (1 - pi)), 0.05
                 delta = kw.get("threshold") or delta
                 blocked = (a > 0 and pi > mu and d > delta) or (a < 0 and pi < mu and d > delta)
-                w = min(pi / mu, kw.get("is_cap", 20.0))  # sg(min(pi / mu_roll, C))
+                cap = kw.get("is_cap")
+                w = pi / mu if cap is None else min(pi / mu, cap)  # sg(min(pi / mu_roll, C)), no cap by default
                 row.append(-a * w * (0.0 if blocked else 1.0) * lp)
         rows.append(row)
     return torch.stack([torch.stack(row) for row in rows])

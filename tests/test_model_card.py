@@ -31,7 +31,9 @@ def test_non_default_settings_compares_with_the_presets_field_defaults(tmp_path)
     for name in ("policy_loss", "advantage_estimator", "loss_aggregation", "epsilon", "output_dir", "loss_type"):
         assert name not in changed
     # the same values are defaults for MaxRL's preset only where MaxRL's defaults say so
-    maxrl = non_default_settings(MaxRLConfig(**cpu_config_kwargs(output_dir=str(tmp_path)), policy_loss="cispo"))
+    maxrl = non_default_settings(
+        MaxRLConfig(**cpu_config_kwargs(output_dir=str(tmp_path)), policy_loss="cispo", epsilon_high=5.0)
+    )
     assert maxrl["policy_loss"] == ("cispo", "clip")
     with pytest.raises(TypeError, match="dataclass"):
         non_default_settings(object())

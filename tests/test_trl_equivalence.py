@@ -71,7 +71,13 @@ CASES = {
         {"overlong_cache_length": None},
         {"loss_type": "dapo", "epsilon_high": 0.28},
     ),
-    "cispo": (tr.CISPOTrainer, tr.CISPOConfig, {}, {"loss_type": "cispo", "epsilon_high": 5.0}),
+    # the CISPO objective alone: MiniMax-M1's recipe around it (dynamic sampling, overlong shaping, FP32 head) off
+    "cispo": (
+        tr.CISPOTrainer,
+        tr.CISPOConfig,
+        {"dynamic_sampling": False, "overlong_cache_length": None, "cast_lm_head_to_fp32": False},
+        {"loss_type": "cispo", "epsilon_high": 5.0},
+    ),
     "dr_grpo": (tr.DrGRPOTrainer, tr.DrGRPOConfig, {}, {"loss_type": "dr_grpo", "scale_rewards": "none"}),
     # the base config honours TRL's own fields
     "grpo": (tr.ReasoningTrainer, tr.ReasoningConfig, {"loss_type": "grpo"}, {"loss_type": "grpo"}),

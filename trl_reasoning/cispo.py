@@ -1,6 +1,7 @@
 """CISPO: clipped importance-sampling weights, every token keeps its gradient (MiniMax-M1, arXiv 2506.13585).
 
-advantage ``grpo`` · objective ``cispo`` with cap ``c = epsilon_high = 5.0`` · aggregation ``token_mean`` · ``beta = 0``.
+advantage ``grpo`` · objective ``cispo`` with cap ``c = epsilon_high = 5.0`` · aggregation ``token_mean`` · ``beta = 0``
+· the MiniMax-M1 recipe around it (§3.1–3.2): DAPO's dynamic sampling and overlong shaping, FP32 LM head.
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
 
 @dataclass(repr=False)  # ReasoningConfig's repr redacts tokens
 class CISPOConfig(ReasoningConfig):
-    """[`ReasoningConfig`] with CISPO's defaults: `advantage_estimator="grpo"`, `policy_loss="cispo"`,
-    `epsilon_high=5.0` (the absolute cap on the importance ratio, TRL's semantics), `loss_aggregation="token_mean"`,
-    `beta=0.0`.
+    """[`ReasoningConfig`] with CISPO's defaults, the MiniMax-M1 recipe: `advantage_estimator="grpo"`,
+    `policy_loss="cispo"`, `epsilon_high=5.0` (the absolute cap on the importance ratio, TRL's semantics; the paper
+    gives no value, TRL recommends 5.0), `loss_aggregation="token_mean"`, `beta=0.0`, and, as MiniMax-M1 trains it
+    (§3.1: DAPO's dynamic sampling and length penalty; §3.2: the LM head in FP32), `dynamic_sampling=True`,
+    `overlong_cache_length="auto"` and `cast_lm_head_to_fp32=True`.
+
+    For the CISPO objective alone (what `GRPOConfig(loss_type="cispo")` trains), turn the recipe off:
+    `CISPOConfig(dynamic_sampling=False, overlong_cache_length=None, cast_lm_head_to_fp32=False)`.
 
     Paper: MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention, arXiv 2506.13585.
     """
@@ -23,6 +29,9 @@ class CISPOConfig(ReasoningConfig):
     policy_loss: str | None = preset_default("policy_loss", "cispo")
     loss_aggregation: str | None = preset_default("loss_aggregation", "token_mean")
     epsilon_high: float | None = preset_default("epsilon_high", 5.0)
+    dynamic_sampling: bool = preset_default("dynamic_sampling", True)
+    overlong_cache_length: int | str | None = preset_default("overlong_cache_length", "auto")
+    cast_lm_head_to_fp32: bool = preset_default("cast_lm_head_to_fp32", True)
 
 
 class CISPOTrainer(ReasoningTrainer):

@@ -218,18 +218,21 @@ def dppo_loss(
     rollout_logps: torch.Tensor | None = None,
     divergence: str = "binary_tv",
     threshold: float | None = None,
-    is_cap: float = 20.0,
+    is_cap: float | None = None,
     rollout_topk_logps: torch.Tensor | None = None,
     topk_logps: torch.Tensor | None = None,
     stats: dict | None = None,
 ) -> torch.Tensor:
-    """DPPO: ``l = -A * sg(min(pi / mu_roll, C)) * M * log pi`` with the divergence mask ``M``.
+    """DPPO: ``l = -A * sg(w) * M * log pi`` with ``w = pi / mu_roll`` (``min(pi / mu_roll, C)`` with a cap ``C``)
+    and the divergence mask ``M``.
 
     ``mu_roll`` is the rollout engine's probability (vLLM's sampling logprobs) or, without one, ``pi_old``
     (``rollout_logps=None``). Positions where ``rollout_logps`` is ``NaN`` (vLLM could not score them) fall back to
     ``pi_old``. ``divergence="topk_tv"``/``"topk_kl"`` need ``rollout_topk_logps`` and ``topk_logps`` ``[B, T, K]``
     (see :func:`dppo_divergence_mask`); they only feed the mask, so they need no gradient.
-    Source: DPPO, arXiv 2602.04879; ``C = 20``.
+    Source: DPPO, arXiv 2602.04879. No cap by default, as the authors run it: their verl script
+    (sail-sg/Stable-RL, ``examples/dppo_trainer/run_qwen30b_dppo.sh``) sets ``clip_ratio_c=10000`` to turn off the
+    dual-clip and truncated-IS caps; ``is_cap`` is an opt-in.
     """
     if rollout_logps is None:
         rollout_logps = old_logps
@@ -238,7 +241,10 @@ def dppo_loss(
     keep, div = dppo_divergence_mask(
         logps, rollout_logps, advantages, divergence, threshold, rollout_topk_logps, topk_logps, mask
     )
-    weight = torch.clamp(torch.exp(logps - rollout_logps), max=is_cap).detach()
+    weight = torch.exp(logps - rollout_logps)
+    if is_cap is not None:
+        weight = torch.clamp(weight, max=is_cap)
+    weight = weight.detach()
     if stats is not None:
         stats["dppo/masked_frac_pos_adv"] = (keep == 0) & (advantages > 0)
         stats["dppo/masked_frac_neg_adv"] = (keep == 0) & (advantages < 0)

@@ -213,7 +213,8 @@ class ReasoningConfig(GRPOConfig):
         > Parameters that choose the algorithm
 
         advantage_estimator (`str` or `None`, *optional*, defaults to `None`):
-            One of `"grpo"`, `"dr_grpo"`, `"rloo"`, `"maxrl"`, `"batch"` (see `trl_reasoning.advantages`). `None`
+            One of `"grpo"`, `"dr_grpo"`, `"rloo"`, `"maxrl"`, `"batch"`, `"scalerl"` (see
+            `trl_reasoning.advantages`). `None`
             derives it from TRL's `scale_rewards` (`"group"` → `"grpo"`, `"batch"` → `"batch"`, `"none"` →
             `"dr_grpo"`); when both are set they must agree.
         policy_loss (`str` or `None`, *optional*, defaults to `None`):
@@ -286,8 +287,9 @@ class ReasoningConfig(GRPOConfig):
             K of the `"topk_*"` divergences.
         dppo_threshold (`float` or `None`, *optional*, defaults to `None`):
             The mask's threshold δ; `None` takes the paper's default for the divergence (0.15 TV, 0.05 KL).
-        dppo_is_cap (`float`, *optional*, defaults to `20.0`):
-            Cap `C` on DPPO's importance ratio `π / μ_rollout`.
+        dppo_is_cap (`float` or `None`, *optional*, defaults to `None`):
+            Optional cap `C` on DPPO's importance ratio `π / μ_rollout` (`w = min(π / μ_rollout, C)`). `None`, the
+            authors' setting, applies no cap (their verl script sets `clip_ratio_c=10000` "for a fair comparison").
 
         > Parameters of MaxRL
 
@@ -299,7 +301,7 @@ class ReasoningConfig(GRPOConfig):
     advantage_estimator: str | None = field(
         default=None,
         metadata={
-            "help": "Advantage estimator: 'grpo', 'dr_grpo', 'rloo', 'maxrl' or 'batch'. None derives it from "
+            "help": "Advantage estimator: 'grpo', 'dr_grpo', 'rloo', 'maxrl', 'batch' or 'scalerl'. None derives it from "
             "`scale_rewards`.",
         },
     )
@@ -399,9 +401,11 @@ class ReasoningConfig(GRPOConfig):
         default=None,
         metadata={"help": "DPPO trust-region threshold; None = paper default (0.15 for TV, 0.05 for KL)."},
     )
-    dppo_is_cap: float = field(
-        default=20.0,
-        metadata={"help": "Cap C on DPPO's importance ratio pi / mu_rollout."},
+    dppo_is_cap: float | None = field(
+        default=None,
+        metadata={
+            "help": "Optional cap C on DPPO's importance ratio pi / mu_rollout. None = no cap (the authors' runs)."
+        },
     )
     maxrl_reward_threshold: float | None = field(
         default=None,
@@ -584,7 +588,7 @@ class ReasoningConfig(GRPOConfig):
             raise ValueError(
                 f"dppo_threshold must be >= 0 (or None for the paper default), got {self.dppo_threshold}."
             )
-        if self.dppo_is_cap < 1.0:
+        if self.dppo_is_cap is not None and self.dppo_is_cap < 1.0:
             raise ValueError(
                 f"dppo_is_cap must be >= 1 (a cap on the ratio pi / mu_rollout below the on-policy ratio 1 shrinks "
                 f"every token's weight), got {self.dppo_is_cap}."
