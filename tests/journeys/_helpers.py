@@ -1,0 +1,95 @@
+"""Helpers shared by the journeys: the presets, LoRA/QLoRA settings, a realistic checkpoint cadence, snapshots.
+
+Import as ``from journeys._helpers import ...`` (``tests/`` is on ``sys.path``: pytest puts the root of the
+``journeys`` package there).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import torch
+from conftest import cpu_args, digit_fraction, has_digit
+
+import trl_reasoning as tr
+
+#: name -> (trainer class, config class, reward function). MaxRL needs a binary reward.
+PRESETS = {
+    "DAPO": (tr.DAPOTrainer, tr.DAPOConfig, digit_fraction),
+    "CISPO": (tr.CISPOTrainer, tr.CISPOConfig, digit_fraction),
+    "DPPO": (tr.DPPOTrainer, tr.DPPOConfig, digit_fraction),
+    "MaxRL": (tr.MaxRLTrainer, tr.MaxRLConfig, has_digit),
+    "RLOO": (tr.RLOOTrainer, tr.RLOOConfig, digit_fraction),
+    "DrGRPO": (tr.DrGRPOTrainer, tr.DrGRPOConfig, digit_fraction),
+    "ScaleRL": (tr.ScaleRLTrainer, tr.ScaleRLConfig, digit_fraction),
+}
+
+#: The cadence of every journey: checkpoints at 2 and 4, and the run goes on to 5 (past each of them).
+MAX_STEPS = 5
+SAVE_STEPS = 2
+
+
+def lora_config():
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+
+
+def qlora_model_init_kwargs() -> dict:
+    """`model_init_kwargs` that make TRL load the model (given as a path) in 4-bit NF4 on the CPU."""
+    from transformers import BitsAndBytesConfig
+
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
+    )
+    return {"quantization_config": quantization, "device_map": {"": "cpu"}}
+
+
+def journey_args(output_dir, **overrides) -> dict:
+    """`cpu_args` with a real checkpoint cadence: save_strategy="steps", save_steps < max_steps."""
+    kwargs = dict(save_strategy="steps", save_steps=SAVE_STEPS, max_steps=MAX_STEPS)
+    kwargs.update(overrides)
+    return cpu_args(output_dir=str(output_dir), **kwargs)
+
+
+def trainable_snapshot(model) -> dict[str, torch.Tensor]:
+    snapshot = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    assert snapshot, "the model has no trainable parameter"
+    return snapshot
+
+
+def moved_parameters(model, snapshot: dict[str, torch.Tensor]) -> set[str]:
+    """Names of the snapshot's parameters whose value changed."""
+    current = dict(model.named_parameters())
+    return {name for name, before in snapshot.items() if not torch.equal(current[name].detach(), before)}
+
+
+def step_losses(trainer) -> dict[int, float]:
+    """The logged training loss of every step, by step."""
+    return {entry["step"]: entry["loss"] for entry in trainer.state.log_history if "loss" in entry}
+
+
+def assert_finite_losses(losses: dict[int, float], steps) -> None:
+    assert sorted(losses) == list(steps), f"losses logged at steps {sorted(losses)}, expected {list(steps)}"
+    assert all(math.isfinite(value) for value in losses.values()), losses
+
+
+def checkpoint_steps(output_dir) -> list[int]:
+    """The steps of the `checkpoint-N` folders in `output_dir`."""
+    steps = []
+    for path in Path(output_dir).iterdir():
+        match = re.fullmatch(r"checkpoint-(\d+)", path.name)
+        if match and path.is_dir():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def checkpoint_global_step(checkpoint) -> int:
+    return json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"]
+
+
+def parameter_checksum(model) -> float:
+    return float(sum(p.detach().double().sum() for p in model.parameters()))

@@ -1,0 +1,191 @@
+"""Journey: the `trl-reasoning` command line, as a user runs it, from a local model folder and a local `train.jsonl`,
+with a reward function from the user's own module (on PYTHONPATH). It trains past two checkpoints, is run again with
+`--resume_from_checkpoint` (a restarted job) and finishes, and the saved model is then evaluated with
+`trl-reasoning eval`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from journeys._helpers import checkpoint_global_step, checkpoint_steps
+from trl_reasoning.demo.tiny import save_tiny_model
+
+MAX_STEPS = 5
+REWARD_MODULE = '''
+def digit_share(completions, **kwargs):
+    """The share of digits in the completion (the user's own reward)."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(ch.isdigit() for ch in t) / max(1, len(t)) for t in texts]
+'''
+
+
+def _command() -> list[str]:
+    script = Path(sys.executable).with_name("trl-reasoning")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "trl_reasoning.cli"]
+
+
+def _run(arguments: list[str], workdir: Path, env: dict) -> subprocess.CompletedProcess:
+    result = subprocess.run(_command() + arguments, cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (
+        f"{' '.join(arguments[:1])} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    )
+    return result
+
+
+def _training_logs(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith("{'loss'")]
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli-journey")
+    model_dir = save_tiny_model(root / "my-tiny-model", seed=0)
+    data_file = root / "data" / "train.jsonl"
+    data_file.parent.mkdir()
+    with data_file.open("w") as f:
+        for i in range(8):
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"{i}+{i * 7 % 10}="}]}) + "\n")
+    user_code = root / "user_code"
+    user_code.mkdir()
+    (user_code / "my_rewards.py").write_text(REWARD_MODULE)
+    workdir = root / "workdir"  # not the module's folder: the reward module is found through PYTHONPATH
+    workdir.mkdir()
+    output_dir = root / "runs" / "digits-dapo"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(user_code),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_DATASETS_CACHE": str(root / "datasets-cache"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    train_args = [
+        "dapo",
+        "--model_name_or_path", str(model_dir),
+        "--dataset_name", str(data_file),
+        "--reward_funcs", "my_rewards.digit_share",
+        "--output_dir", str(output_dir),
+        "--max_steps", str(MAX_STEPS),
+        "--save_strategy", "steps",
+        "--save_steps", "2",
+        "--per_device_train_batch_size", "8",
+        "--num_generations", "4",
+        "--max_completion_length", "8",
+        "--learning_rate", "1e-2",
+        "--logging_steps", "1",
+        "--use_cpu", "true",
+        "--bf16", "false",
+        "--gradient_checkpointing", "false",
+        "--report_to", "none",
+        "--disable_tqdm", "true",
+        "--seed", "0",
+    ]  # fmt: skip
+    first = _run(train_args, workdir, env)
+    first_files = sorted(p.name for p in output_dir.iterdir())
+    first_card = (output_dir / "README.md").read_text()
+    first_state = json.loads((output_dir / f"checkpoint-{MAX_STEPS}" / "trainer_state.json").read_text())
+
+    # The restarted job: what it must write again is removed first.
+    shutil.rmtree(output_dir / f"checkpoint-{MAX_STEPS}")
+    for name in ("model.safetensors", "README.md"):
+        (output_dir / name).unlink()
+    resumed = _run(train_args + ["--resume_from_checkpoint", str(output_dir / "checkpoint-4")], workdir, env)
+
+    metrics_file = root / "metrics.json"
+    evaluation = _run(
+        [
+            "eval",
+            "--model_name_or_path", str(output_dir),
+            "--dataset_name", str(data_file),
+            "--split", "train",
+            "--reward_funcs", "my_rewards.digit_share",
+            "--num_samples", "2",
+            "--ks", "1", "2",
+            "--max_new_tokens", "8",
+            "--success_threshold", "0.5",
+            "--output_json", str(metrics_file),
+        ],
+        workdir,
+        env,
+    )  # fmt: skip
+    return {
+        "output_dir": output_dir,
+        "model_dir": model_dir,
+        "data_file": data_file,
+        "first": first,
+        "first_files": first_files,
+        "first_card": first_card,
+        "first_state": first_state,
+        "resumed": resumed,
+        "evaluation": evaluation,
+        "metrics_file": metrics_file,
+    }
+
+
+@pytest.mark.journey
+@pytest.mark.slow
+def test_cli_trains_from_local_files_past_checkpoints(cli_run):
+    output_dir = cli_run["output_dir"]
+    logs = _training_logs(cli_run["first"].stdout)
+    assert len(logs) == MAX_STEPS, cli_run["first"].stdout[-2000:]
+    assert all("'rewards/digit_share/mean'" in line for line in logs)  # the user's reward, by its name
+    assert cli_run["first_state"]["global_step"] == MAX_STEPS
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= set(cli_run["first_files"])
+    assert "Trained with **DAPO**" in cli_run["first_card"]
+    assert {2, 4, MAX_STEPS} <= set(checkpoint_steps(output_dir))
+
+
+@pytest.mark.journey
+@pytest.mark.slow
+def test_cli_resumes_from_a_checkpoint_and_finishes(cli_run):
+    output_dir = cli_run["output_dir"]
+    resumed = cli_run["resumed"]
+    assert len(_training_logs(resumed.stdout)) == 1, resumed.stdout[-2000:]  # step 5 only
+    assert f"Model and model card saved to {output_dir}" in resumed.stdout
+    assert checkpoint_global_step(output_dir / f"checkpoint-{MAX_STEPS}") == MAX_STEPS
+    assert (output_dir / "model.safetensors").is_file() and (output_dir / "README.md").is_file()
+    state = json.loads((output_dir / f"checkpoint-{MAX_STEPS}" / "trainer_state.json").read_text())
+    losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+    assert len(losses) == MAX_STEPS
+    # Same step 5 as the uninterrupted run.
+    first_losses = [entry["loss"] for entry in cli_run["first_state"]["log_history"] if "loss" in entry]
+    assert losses[-1] == pytest.approx(first_losses[-1], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.journey
+@pytest.mark.slow
+def test_cli_evaluates_the_saved_model(cli_run):
+    metrics = json.loads(cli_run["metrics_file"].read_text())
+    assert set(metrics) >= {"pass@1", "pass@2", "accuracy", "reward", "mean_length"}
+    assert metrics["num_prompts"] == 8 and metrics["num_samples"] == 2
+    assert 0.0 <= metrics["pass@1"] <= metrics["pass@2"] <= 1.0
+    assert "| pass@2 |" in cli_run["evaluation"].stdout
+
+
+def _card_title(card: str) -> str:
+    return next(line for line in card.splitlines() if line.startswith("# Model Card for "))
+
+
+@pytest.mark.journey
+@pytest.mark.slow
+def test_cli_model_card_names_the_model(cli_run):
+    card = (cli_run["output_dir"] / "README.md").read_text()
+    title = _card_title(card)
+    assert title.removeprefix("# Model Card for ").strip() not in ("", "None"), title
+
+
+@pytest.mark.journey
+@pytest.mark.slow
+def test_cli_model_card_does_not_link_a_local_data_file_to_the_hub(cli_run):
+    card = (cli_run["output_dir"] / "README.md").read_text()
+    data_file = str(cli_run["data_file"])
+    assert f"huggingface.co/datasets/{data_file}" not in card
+    assert f"datasets: {data_file}" not in card
