@@ -400,9 +400,12 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
     dataset_name = data_args.dataset_name or (_GSM8K[0] if data_args.task == "gsm8k" else None)
-    trainer.create_model_card(dataset_name=dataset_name)
+    if dataset_name is not None and os.path.exists(os.path.expanduser(dataset_name)):
+        dataset_name = None  # a local file or folder is no Hub dataset: the card must not link it there
+    model_name = os.path.basename(os.path.normpath(training_args.output_dir))  # as TRL titles its checkpoint cards
+    trainer.create_model_card(model_name=model_name, dataset_name=dataset_name)
     if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=dataset_name)
+        trainer.push_to_hub(model_name=model_name, dataset_name=dataset_name)
     trainer.accelerator.print(f"Model and model card saved to {training_args.output_dir}.")
     return trainer
 
