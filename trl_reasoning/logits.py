@@ -17,7 +17,8 @@ padding positions give finite values that the caller masks out.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -114,6 +115,98 @@ def rollout_topk(
     for bs, ts in _chunks(batch, length, chunk_size):
         z = logits[bs, ts].to(dtype) / temperature
         ids[bs, ts], logps[bs, ts] = _topk_of_chunk(z, sampled_ids[bs, ts], k)
+    return ids, logps
+
+
+def _rank_of_sampled(token: int, entry_ids: Sequence[int], row: int, position: int) -> int:
+    try:
+        return list(entry_ids).index(token)
+    except ValueError:
+        raise ValueError(
+            f"sequence {row}, position {position}: the sampled token {token} is not among the engine's log-probs; they "
+            "do not belong to these completions"
+        ) from None
+
+
+def engine_sampled_logprobs(
+    completion_ids: Sequence[Sequence[int]],
+    logprobs: Sequence[Sequence[Sequence[float | None]]],
+    logprob_token_ids: Sequence[Sequence[Sequence[int]]],
+) -> list[list[float | None]]:
+    """The engine's log-prob of each sampled token, from the same ranked ``(logprobs, logprob_token_ids)`` as
+    :func:`rollout_topk_from_engine`. (With ``logprobs=k > 0`` the first entry is the most likely token, not the
+    sampled one, so the sampled token has to be looked up.)"""
+    return [
+        [
+            entry_logps[_rank_of_sampled(token, entry_ids, row, position)]
+            for position, (token, entry_logps, entry_ids) in enumerate(zip(seq, seq_logps, seq_ids, strict=True))
+        ]
+        for row, (seq, seq_logps, seq_ids) in enumerate(zip(completion_ids, logprobs, logprob_token_ids, strict=True))
+    ]
+
+
+def rollout_topk_from_engine(
+    completion_ids: Sequence[Sequence[int]],
+    logprobs: Sequence[Sequence[Sequence[float | None]]],
+    logprob_token_ids: Sequence[Sequence[Sequence[int]]],
+    k: int,
+    length: int | None = None,
+    pad_token_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rollout_topk` from an inference engine's own log-probs (vLLM's ``logprobs=k`` output), no forward pass.
+
+    The engine that sampled reports, per completion position, its ``k`` most likely tokens plus the sampled one (vLLM
+    always adds it, so a position has ``k`` or ``k + 1`` entries), ranked most likely first -- the shape TRL 1.16's
+    ``VLLMGeneration.generate`` returns as ``(logprobs, logprob_token_ids)``. They must be *processed* log-probs
+    (after temperature and logit processors), the distribution the token was drawn from: TRL's colocated engine runs
+    with ``logprobs_mode="processed_logprobs"``; a vLLM server needs ``--logprobs-mode processed_logprobs``.
+
+    As in :func:`rollout_topk`, the first ``k`` entries are kept in rank order and, where the sampled token is not
+    among them, it replaces the ``k``-th entry with its own log-prob. Rows are right-padded to ``length``; padding
+    positions hold ``pad_token_id`` ids and NaN log-probs, as do positions whose engine log-prob is ``None`` (vLLM's
+    NaN), so :func:`trl_reasoning.losses.topk_divergence` skips them.
+
+    Args:
+        completion_ids: the sampled ids, one list per sequence.
+        logprobs: ``[seq][position][entry]`` log-probs, ranked (``None`` for NaN).
+        logprob_token_ids: the ids of those entries, same nesting.
+        k: number of tracked tokens; every position must report at least ``k`` entries.
+        length: padded length ``T`` (default: the longest sequence).
+        pad_token_id: id written at padding positions.
+
+    Returns:
+        ``(ids, logps)``: ``[B, T, k]`` int64 and float32 tensors on the CPU.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if not len(completion_ids) == len(logprobs) == len(logprob_token_ids):
+        raise ValueError(
+            f"completion_ids, logprobs and logprob_token_ids hold {len(completion_ids)}, {len(logprobs)} and "
+            f"{len(logprob_token_ids)} sequences; they must match"
+        )
+    longest = max((len(seq) for seq in completion_ids), default=0)
+    length = longest if length is None else length
+    if length < longest:
+        raise ValueError(f"length={length} is shorter than the longest completion ({longest} tokens)")
+    ids = torch.full((len(completion_ids), length, k), pad_token_id, dtype=torch.long)
+    logps = torch.full((len(completion_ids), length, k), math.nan, dtype=torch.float32)
+    for row, (seq, seq_logps, seq_ids) in enumerate(zip(completion_ids, logprobs, logprob_token_ids, strict=True)):
+        if not len(seq) == len(seq_logps) == len(seq_ids):
+            raise ValueError(
+                f"sequence {row}: {len(seq)} completion tokens but log-probs for {len(seq_logps)} and ids for "
+                f"{len(seq_ids)} positions"
+            )
+        for position, (token, entry_logps, entry_ids) in enumerate(zip(seq, seq_logps, seq_ids, strict=True)):
+            if len(entry_ids) < k:
+                raise ValueError(
+                    f"sequence {row}, position {position}: the engine reported {len(entry_ids)} log-probs, fewer "
+                    f"than k={k}; request logprobs={k} from the engine (and keep k <= the vocabulary size)"
+                )
+            top_ids, top_logps = list(entry_ids[:k]), list(entry_logps[:k])
+            if token not in top_ids:
+                top_ids[-1], top_logps[-1] = token, entry_logps[_rank_of_sampled(token, entry_ids, row, position)]
+            ids[row, position] = torch.as_tensor(top_ids, dtype=torch.long)
+            logps[row, position] = torch.tensor([math.nan if v is None else v for v in top_logps], dtype=torch.float32)
     return ids, logps
 
 

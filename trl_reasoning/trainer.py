@@ -43,7 +43,14 @@ from trl.trainer.utils import add_fused_lm_head
 from .advantages import ADVANTAGE_ESTIMATORS, GROUP_RELATIVE_ESTIMATORS, compute_advantages
 from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
 from .lm_head import cast_lm_head_to_fp32, unwrap_peft
-from .logits import chunked_logps, chunked_logps_from_hidden, rollout_topk, rollout_topk_from_hidden
+from .logits import (
+    chunked_logps,
+    chunked_logps_from_hidden,
+    engine_sampled_logprobs,
+    rollout_topk,
+    rollout_topk_from_engine,
+    rollout_topk_from_hidden,
+)
 from .losses import DPPO_DEFAULT_THRESHOLDS, POLICY_LOSSES, compute_policy_loss
 from .model_card import ReasoningModelCardMixin, record_derived_values
 from .rewards import (
@@ -93,6 +100,13 @@ TRL_PRIVATE_API: dict[str, tuple[str, ...]] = {
 TRL_HELPER_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "add_fused_lm_head": ("model", "temperature", "cast_lm_head_to_fp32", "outputs"),
 }
+#: ``trl.generation.vllm_generation.VLLMGeneration``: the public ``generate`` that DPPO top-K wraps on
+#: ``GRPOTrainer.vllm_generation`` (its leading parameters and its 4-tuple ``(prompt_ids, completion_ids, logprobs,
+#: logprob_token_ids)``), and the ``logprobs`` setting it reads at each call. Checked against TRL 1.16.0.
+TRL_VLLM_GENERATION: dict[str, tuple[str, ...]] = {
+    "generate": ("prompts", "images", "num_generations", "profiler"),
+}
+TRL_VLLM_GENERATION_ATTRIBUTES = ("logprobs",)
 #: The per-token outputs GRPOTrainer asks of its fused LM head (TRL 1.16, ``GRPOTrainer.__init__``).
 TRL_FUSED_LM_HEAD_OUTPUTS = ("log_probs", "entropy")
 
@@ -161,6 +175,18 @@ def check_trl_private_api(trainer_class: type = GRPOTrainer) -> None:
                 f"trl.trainer.utils.{name} takes ({', '.join(params)}), expected it to start with "
                 f"({', '.join(expected)})"
             )
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    for name, expected in TRL_VLLM_GENERATION.items():
+        params = [p for p in inspect.signature(getattr(VLLMGeneration, name)).parameters if p != "self"]
+        if tuple(params[: len(expected)]) != expected:
+            problems.append(
+                f"VLLMGeneration.{name} takes ({', '.join(params)}), expected it to start with ({', '.join(expected)})"
+            )
+    init_source = inspect.getsource(VLLMGeneration.__init__)
+    for attribute in TRL_VLLM_GENERATION_ATTRIBUTES:
+        if f"self.{attribute} =" not in init_source:
+            problems.append(f"VLLMGeneration.__init__ no longer sets self.{attribute}")
     if problems:
         raise TRLCompatibilityError(
             f"trl-reasoning was checked against TRL {TRL_CHECKED_VERSION}, but the installed TRL {trl.__version__} "
@@ -786,6 +812,10 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         # DPPO top-K reads the LM head from the final hidden states until that fails once (e.g. a sharded head);
         # from then on it uses the logits directly instead of paying for a forward it would throw away.
         self._lm_head_from_hidden = True
+        # DPPO top-K under vLLM: the engine's own top-K per generate call, consumed by _rollout_topk.
+        self._engine_topk: list[tuple[list, list, list]] | None = None
+        if self.use_vllm and self._uses_topk_divergence:
+            self._keep_engine_topk()
         for split, dataset in (("train_dataset", self.train_dataset), ("eval_dataset", self.eval_dataset)):
             datasets_ = dataset.values() if isinstance(dataset, dict) else [dataset]
             for data in datasets_:
@@ -889,6 +919,8 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         """TRL's generation and scoring of ``inputs`` (local rows), then this trainer's reward shaping. Returns TRL's
         output and, for the gathered batch, the shaped rewards and the task rewards (before shaping)."""
         self._scored_batch = None
+        if self._engine_topk is not None:
+            self._engine_topk = []
         output = super()._generate_and_score_completions(inputs)
         if self._scored_batch is None:
             raise TRLCompatibilityError(
@@ -1443,14 +1475,87 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             )
         return out.logits[:, :-1], out
 
+    @property
+    def _topk_size(self) -> int:
+        vocab = self.accelerator.unwrap_model(self.model).config.get_text_config().vocab_size
+        return min(self.args.dppo_topk, vocab)
+
+    def _keep_engine_topk(self) -> None:
+        """Make TRL's vLLM generation return the engine's top-``dppo_topk`` processed log-probs and keep them for
+        :meth:`_rollout_topk`, while TRL still receives what it expects: the sampled tokens' log-probs only.
+
+        TRL asks vLLM for ``logprobs=0`` (the sampled token alone) and keeps entry 0 of each position; with
+        ``logprobs=K`` entry 0 would be the most likely token instead, so the wrapper hands TRL the sampled token's
+        entry (its importance-sampling correction and DPPO's ratio stay exact). Wraps the public
+        ``VLLMGeneration.generate`` of this trainer's ``vllm_generation`` (an instance attribute, see
+        ``TRL_VLLM_GENERATION``); nothing else of TRL changes. Untested against a real vLLM: the tests use a stand-in
+        with vLLM's output shapes."""
+        generation = self.vllm_generation
+        generation.logprobs = self._topk_size
+        generate = generation.generate
+        self._engine_topk = []
+
+        @functools.wraps(generate)
+        def generate_keeping_topk(*args, **kwargs):
+            prompt_ids, completion_ids, logprobs, logprob_token_ids = generate(*args, **kwargs)
+            if logprobs is None or logprob_token_ids is None:
+                raise RuntimeError(
+                    "vLLM returned no log-probs, which DPPO's top-K divergence needs (dppo_divergence="
+                    f"{self.args.dppo_divergence!r}); use 'binary_tv' or 'binary_kl', or a vLLM that returns them."
+                )
+            self._engine_topk.append((completion_ids, logprobs, logprob_token_ids))
+            sampled = engine_sampled_logprobs(completion_ids, logprobs, logprob_token_ids)
+            return (
+                prompt_ids,
+                completion_ids,
+                [[[value] for value in seq] for seq in sampled],
+                [[[token] for token in seq] for seq in completion_ids],
+            )
+
+        generation.generate = generate_keeping_topk
+        if self.vllm_mode == "server" and self.accelerator.is_main_process:
+            mode = generation.vllm_client.get_server_info()["model_config"]["logprobs_mode"]
+            if mode != "processed_logprobs":
+                warnings.warn(
+                    f"The vLLM server runs with `--logprobs-mode {mode}`; DPPO's top-K divergence needs the "
+                    "distribution the tokens were sampled from. Restart it with `--logprobs-mode processed_logprobs`.",
+                    stacklevel=3,
+                )
+
+    def _engine_rollout_topk(self, output) -> dict[str, torch.Tensor]:
+        """The top-K vLLM reported for the completions of this round, padded like ``output["completion_ids"]``."""
+        captured, self._engine_topk = self._engine_topk, []
+        completion_ids = [seq for call in captured for seq in call[0]]
+        ids, logps = rollout_topk_from_engine(
+            completion_ids,
+            [seq for call in captured for seq in call[1]],
+            [seq for call in captured for seq in call[2]],
+            k=self._topk_size,
+            length=output["completion_ids"].size(1),
+            pad_token_id=self._tokenizer.pad_token_id,
+        )
+        trained_ids, mask = output["completion_ids"], output["completion_mask"].bool()
+        generated_ids = torch.full_like(trained_ids, self._tokenizer.pad_token_id)
+        for row, seq in enumerate(completion_ids[: trained_ids.shape[0]]):
+            generated_ids[row, : len(seq)] = torch.as_tensor(seq[: trained_ids.shape[1]])
+        if len(completion_ids) != trained_ids.shape[0] or not torch.equal(generated_ids[mask], trained_ids[mask]):
+            raise RuntimeError(
+                "The completions TRL trained on are not the ones vLLM generated (tool calls or an environment "
+                f"rewrote them); dppo_divergence={self.args.dppo_divergence!r} needs the engine's log-probs at every "
+                "completion token. Use 'binary_tv' or 'binary_kl' here."
+            )
+        device = trained_ids.device
+        return {"rollout_topk_ids": ids.to(device), "rollout_topk_logps": logps.to(device)}
+
     @torch.no_grad()
     def _rollout_topk(self, output, mode: str) -> dict[str, torch.Tensor]:
         """The rollout policy's top-``dppo_topk`` token ids and log-probs at every completion position, sampled token
-        swapped in (``[B, T, K]``), from the training model's own no-grad forward on the generation batch.
+        swapped in (``[B, T, K]``).
 
-        With vLLM this is the training model's distribution at generation time (``pi_old``), not vLLM's: TRL's vLLM
-        path returns only the sampled tokens' log-probs, and the two differ only by the engines' numerics, which
-        DPPO's importance weight (against vLLM's sampling log-probs) already accounts for."""
+        With vLLM these are vLLM's own processed log-probs, the distribution that sampled (see
+        :meth:`_keep_engine_topk`); otherwise the training model's own no-grad forward on the generation batch."""
+        if self._engine_topk:  # empty when a custom rollout_func generated instead of vllm_generation.generate
+            return self._engine_rollout_topk(output)
         if any(key in output for key in _FORWARD_KEYS):
             raise ValueError(
                 f"dppo_divergence={self.args.dppo_divergence!r} does not support multimodal inputs; use 'binary_tv' or "
