@@ -128,7 +128,7 @@ def run_one(method: str, seed: int, steps: int, eval_every: int, model_dir: str,
     points = [(0, 0.0, before["accuracy"])]
     for entry in curve.history:
         step = entry["step"]
-        points.append((step, tokens.get(step, float("nan")), entry["eval_accuracy"]))
+        points.append((step, tokens.get(step, float("nan")), entry["eval_pass_at_k/accuracy"]))
     if points[-1][0] != trainer.state.global_step:
         last = max(tokens) if tokens else trainer.state.global_step
         points.append((trainer.state.global_step, tokens.get(last, float("nan")), after["accuracy"]))

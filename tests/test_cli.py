@@ -129,7 +129,7 @@ def test_algorithm_subcommand_trains_saves_and_evaluates(tiny_model_path, tmp_pa
         ]
     )
     assert type(trainer.args).__name__ == "DAPOConfig" and trainer.state.global_step == 2
-    assert sum("eval_pass@2" in entry for entry in trainer.state.log_history) == 2
+    assert sum("eval_pass_at_k/pass@2" in entry for entry in trainer.state.log_history) == 2
     card = (out / "README.md").read_text()
     assert "Trained with **DAPO**" in card and "@article{yu2025dapo," in card
     assert (out / "config.json").exists() and (out / "tokenizer.json").exists()

@@ -150,11 +150,16 @@ def test_pass_at_k_callback_logs_to_the_trainer(trainer_kind, tiny_model_path, t
     callback = PassAtKCallback(trainer, _rows(4), exact_match_reward, num_samples=2, ks=(1, 2), eval_steps=1)
     trainer.add_callback(callback)
     trainer.train()
-    logged = [entry for entry in trainer.state.log_history if "eval_pass@1" in entry]
+    logged = [entry for entry in trainer.state.log_history if "eval_pass_at_k/pass@1" in entry]
     assert [entry["step"] for entry in logged] == [1, 2]
     for entry in logged:
-        assert {"eval_pass@2", "eval_accuracy", "eval_reward", "eval_mean_length"} <= set(entry)
-        assert 0.0 <= entry["eval_pass@1"] <= entry["eval_pass@2"] <= 1.0
+        assert {
+            "eval_pass_at_k/pass@2",
+            "eval_pass_at_k/accuracy",
+            "eval_pass_at_k/reward",
+            "eval_pass_at_k/mean_length",
+        } <= set(entry)
+        assert 0.0 <= entry["eval_pass_at_k/pass@1"] <= entry["eval_pass_at_k/pass@2"] <= 1.0
     # the trainer's own training metrics are still logged, not swallowed by the callback's log call
     assert sum("reward" in entry for entry in trainer.state.log_history) == 2
     assert trainer.model.training

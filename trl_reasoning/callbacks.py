@@ -248,7 +248,9 @@ class PassAtKCallback(TrainerCallback):
     r"""
     Every `eval_steps` optimizer steps, sample `num_samples` completions per held-out prompt and log pass@k, greedy
     accuracy, mean reward and mean completion length to the trainer's loggers (console, W&B, TensorBoard, …), under
-    `eval_pass@{k}`, `eval_accuracy`, `eval_reward`, `eval_mean_length`.
+    `eval_pass_at_k/pass@{k}`, `eval_pass_at_k/accuracy`, `eval_pass_at_k/reward`, `eval_pass_at_k/mean_length`.
+    The prefix keeps them apart from the trainer's own evaluation loop, whose `eval_reward` is the mean training
+    reward on `eval_dataset` (this callback's `reward` is the mean under its own `reward_funcs` over its samples).
 
     Works with any `transformers.Trainer` whose model is a causal LM and whose `processing_class` is its tokenizer:
     every trl-reasoning trainer and TRL's `GRPOTrainer`. Metrics go through `transformers.Trainer.log` itself, so
@@ -273,6 +275,8 @@ class PassAtKCallback(TrainerCallback):
             Defaults to `args.max_completion_length` (256 when the trainer has none).
         temperature (`float`, *optional*):
             Defaults to `args.temperature` (1.0 when the trainer has none). `top_p`/`top_k` likewise.
+        metric_prefix (`str`, *optional*, defaults to `"eval_pass_at_k/"`):
+            Prefix of every logged key.
         **kwargs:
             Passed to [`evaluate_pass_at_k`] (`batch_size`, `success_threshold`, `greedy`, `max_prompts`).
     """
@@ -290,9 +294,11 @@ class PassAtKCallback(TrainerCallback):
         temperature: float | None = None,
         top_p: float | None = None,
         top_k: int | None = None,
+        metric_prefix: str = "eval_pass_at_k/",
         **kwargs,
     ):
         self.trainer = trainer
+        self.metric_prefix = metric_prefix
         self.eval_dataset = eval_dataset
         if reward_funcs is None:
             reward_funcs = [f for f in getattr(trainer, "reward_funcs", []) if not hasattr(f, "forward")]
@@ -325,7 +331,7 @@ class PassAtKCallback(TrainerCallback):
         self.history: list[dict[str, float]] = []
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """Run the evaluation now and log it at `step`; returns the metrics (keys prefixed with `eval_`)."""
+        """Run the evaluation now and log it at `step`; returns the metrics (keys prefixed with `metric_prefix`)."""
         from trl.models.utils import unwrap_model_for_generation
 
         trainer = self.trainer
@@ -339,7 +345,11 @@ class PassAtKCallback(TrainerCallback):
                 accelerator=trainer.accelerator,
                 **self.options,
             )
-        logs = {f"eval_{key}": value for key, value in metrics.items() if key not in ("num_prompts", "num_samples")}
+        logs = {
+            f"{self.metric_prefix}{key}": value
+            for key, value in metrics.items()
+            if key not in ("num_prompts", "num_samples")
+        }
         from transformers import Trainer
 
         # The base implementation: GRPOTrainer.log would flush its buffered training metrics into this entry. The

@@ -1185,16 +1185,23 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
                     self.load_sampling_state_dict(json.load(f))
 
     def sampling_state_dict(self) -> dict[str, Any]:
-        """The sampling state a checkpoint keeps: retired prompts and the dynamic-sampling prompt stream."""
+        """The sampling state a checkpoint keeps: retired prompts, the dynamic-sampling prompt stream and the epoch the
+        prompt sampler is in."""
         return {
             "retired_prompts": self._retired_prompts.state_dict(),
             "prompt_stream": None if self._prompt_stream is None else self._prompt_stream.state_dict(),
+            "sampler_epoch": None if self._train_sampler is None else self._train_sampler.epoch,
         }
 
     def load_sampling_state_dict(self, state: dict[str, Any]) -> None:
         self._retired_prompts.load_state_dict(state["retired_prompts"])
         if state.get("prompt_stream") is not None:
             self._extra_prompt_stream().load_state_dict(state["prompt_stream"])
+        # The Trainer sets the epoch of a resumed epoch through the dataloader, but with several processes accelerate
+        # wraps the sampler of a resumed (batch-skipping) dataloader one level deeper than the Trainer reaches, and the
+        # sampler would replay epoch 0's order. The checkpoint's own epoch is restored here instead.
+        if state.get("sampler_epoch") is not None and self._train_sampler is not None:
+            self._train_sampler.set_epoch(state["sampler_epoch"])
 
     def _combined_rewards(self, rewards_per_func, columns: torch.Tensor | None = None) -> torch.Tensor:
         """The weighted sum of the reward functions (of those in ``columns``, a bool per function, when given) for

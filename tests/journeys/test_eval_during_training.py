@@ -54,11 +54,11 @@ def _assert_evaluated_at(trainer, callback, steps) -> None:
     for step in steps:
         (eval_entry,) = _entries_at(trainer, step, "eval_loss")  # TRL's eval loop, exactly once per eval step
         assert math.isfinite(eval_entry["eval_loss"])
-        (pass_entry,) = _entries_at(trainer, step, "eval_pass@1")
+        (pass_entry,) = _entries_at(trainer, step, "eval_pass_at_k/pass@1")
         for k in KS:
-            assert 0.0 <= pass_entry[f"eval_pass@{k}"] <= 1.0
-        assert pass_entry["eval_pass@4"] >= pass_entry["eval_pass@1"]
-        assert 0 < pass_entry["eval_mean_length"] <= 8
+            assert 0.0 <= pass_entry[f"eval_pass_at_k/pass@{k}"] <= 1.0
+        assert pass_entry["eval_pass_at_k/pass@4"] >= pass_entry["eval_pass_at_k/pass@1"]
+        assert 0 < pass_entry["eval_pass_at_k/mean_length"] <= 8
     assert [record["step"] for record in callback.history] == list(steps)
 
 
@@ -72,7 +72,7 @@ def test_eval_and_pass_at_k_every_two_steps_then_resume(name, tiny_model_path, t
     assert trainer.state.global_step == MAX_STEPS
     assert_finite_losses(step_losses(trainer), range(1, MAX_STEPS + 1))  # no training log lost to an eval log
     _assert_evaluated_at(trainer, callback, (2, 4))
-    assert not _entries_at(trainer, 3, "eval_pass@1") and not _entries_at(trainer, 3, "eval_loss")
+    assert not _entries_at(trainer, 3, "eval_pass_at_k/pass@1") and not _entries_at(trainer, 3, "eval_loss")
     assert {2, 4} <= set(checkpoint_steps(output_dir))
     # The checkpoint taken right after an evaluation records it (the eval happened before the save).
     assert checkpoint_global_step(output_dir / "checkpoint-4") == 4
@@ -93,13 +93,6 @@ def test_eval_and_pass_at_k_every_two_steps_then_resume(name, tiny_model_path, t
 
 
 @pytest.mark.journey
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="PassAtKCallback logs `eval_reward` (mean reward of its pass@k samples under its own reward_funcs) under "
-    "the same key as GRPOTrainer's eval loop `eval_reward` (mean training reward on eval_dataset), at the same step: "
-    "two different quantities in one series on every logger.",
-)
 def test_pass_at_k_metrics_do_not_collide_with_the_eval_loop(tiny_model_path, tmp_path):
     trainer, _ = _build("DAPO", tiny_model_path, tmp_path / "run")
     trainer.args.max_steps = EVAL_STEPS
@@ -109,6 +102,6 @@ def test_pass_at_k_metrics_do_not_collide_with_the_eval_loop(tiny_model_path, tm
         for entry in trainer.state.log_history
         if entry.get("step") == EVAL_STEPS
     ]
-    pass_keys = next(keys for keys in keys_by_entry if "eval_pass@1" in keys)
+    pass_keys = next(keys for keys in keys_by_entry if "eval_pass_at_k/pass@1" in keys)
     loop_keys = next(keys for keys in keys_by_entry if "eval_loss" in keys)
     assert not pass_keys & loop_keys, f"logged by both at step {EVAL_STEPS}: {sorted(pass_keys & loop_keys)}"

@@ -1,8 +1,9 @@
 """Journey: two real gloo processes (torchrun) train DAPO with dynamic sampling and ScaleRL with no-positive-resampling,
 with checkpoints every 2 steps to step 5; then a second torchrun, a restarted job, resumes both from checkpoint-4 and
-finishes. Both ranks must end every run at max_steps with the same parameters and decisions. The resumed run should
-also train step 5 as the uninterrupted one did and keep ScaleRL's retired prompts retired: it does not (xfail tests,
-RESUME_EPOCH_BUG)."""
+finishes. Both ranks must end every run at max_steps with the same parameters and decisions, and the resumed run must
+train step 5 as the uninterrupted one did and keep ScaleRL's retired prompts retired (it once did not: accelerate wraps
+the sampler of a resumed multi-process dataloader one level deeper than the Trainer's set_epoch reaches, so the
+sampler replayed epoch 0; the checkpoint now carries the sampler's epoch)."""
 
 from __future__ import annotations
 
@@ -51,16 +52,6 @@ def runs(tiny_model_path, tmp_path_factory):
     _torchrun(tiny_model_path, out_dir, "train")
     _torchrun(tiny_model_path, out_dir, "resume")
     return out_dir
-
-
-#: Two-process mid-epoch resume loses the epoch (found by this journey; see the xfail tests below).
-RESUME_EPOCH_BUG = (
-    "After a multi-process resume in the middle of an epoch, EpochRepeatSampler.set_epoch is never called for the "
-    "resumed epoch: accelerate's skip_first_batches wraps the BatchSamplerShard in a SkipBatchSampler, and neither "
-    "DataLoaderShard.set_epoch nor transformers' explicit reach (dataloader.batch_sampler.batch_sampler) gets down to "
-    "BatchSamplerShard -> BatchSampler -> sampler. The sampler stays at epoch 0: it replays epoch 0's order "
-    "and excludes no retired prompt, so the resumed run trains on other prompts than the uninterrupted one."
-)
 
 
 def _first_call_of_last_step(report: dict, resumed: bool) -> int:
@@ -114,7 +105,6 @@ def test_two_processes_train_past_checkpoints_and_resume(preset, runs):
 
 @pytest.mark.journey
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=RESUME_EPOCH_BUG)
 @pytest.mark.parametrize("preset", PRESETS)
 def test_two_process_resume_trains_the_step_it_left(preset, runs):
     train, resume = _reports(runs, preset, "train"), _reports(runs, preset, "resume")
@@ -126,9 +116,6 @@ def test_two_process_resume_trains_the_step_it_left(preset, runs):
 
 @pytest.mark.journey
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="ScaleRL resamples prompts it retired. " + RESUME_EPOCH_BUG
-)
 def test_scalerl_retired_prompts_stay_retired_after_two_process_resume(runs):
     # The "fixed" prompts were all retired in epoch 0 (checked above): the resumed step 5 must not train on one.
     resumed = [call for r in _reports(runs, "ScaleRL", "resume") for call in r["reward_calls"]]

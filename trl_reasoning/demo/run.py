@@ -140,10 +140,10 @@ class _ProgressPrinter(TrainerCallback):
                 f"{logs.get('completions/mean_length', float('nan')):.2f}, step time {logs.get('step_time', 0):.2f} s",
                 flush=True,
             )
-        if "eval_pass@1" in logs:
+        if "eval_pass_at_k/pass@1" in logs:
             print(
-                f"step {state.global_step:>4}: held-out accuracy {logs.get('eval_accuracy', float('nan')):.3f}, "
-                f"pass@1 {logs['eval_pass@1']:.3f}",
+                f"step {state.global_step:>4}: held-out accuracy {logs.get('eval_pass_at_k/accuracy', float('nan')):.3f}, "
+                f"pass@1 {logs['eval_pass_at_k/pass@1']:.3f}",
                 flush=True,
             )
 
@@ -171,8 +171,8 @@ def save_curves(path: Path, log_history: list[dict], evaluations: list[dict], ti
     left.set(title="training reward (mean over the batch)", xlabel="RL step", ylabel="reward", ylim=(-0.05, 1.05))
     if evaluations:
         steps = [e["step"] for e in evaluations]
-        right.plot(steps, [e["eval_accuracy"] for e in evaluations], marker="o", label="accuracy (greedy)")
-        right.plot(steps, [e["eval_pass@1"] for e in evaluations], marker="s", label="pass@1 (sampled)")
+        right.plot(steps, [e["eval_pass_at_k/accuracy"] for e in evaluations], marker="o", label="accuracy (greedy)")
+        right.plot(steps, [e["eval_pass_at_k/pass@1"] for e in evaluations], marker="s", label="pass@1 (sampled)")
         right.legend(loc="lower right")
     right.set(title="held-out problems", xlabel="RL step", ylabel="fraction correct", ylim=(-0.05, 1.05))
     for axis in (left, right):
@@ -272,10 +272,16 @@ def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[s
     output_dir = Path(training_args.output_dir)
     trainer.save_model(str(output_dir))
     trainer.create_model_card(model_name=output_dir.name, tags=["trl-reasoning-demo"])
-    evaluations = [{"step": 0, "eval_accuracy": before["accuracy"], "eval_pass@1": before["pass@1"]}]
+    evaluations = [
+        {"step": 0, "eval_pass_at_k/accuracy": before["accuracy"], "eval_pass_at_k/pass@1": before["pass@1"]}
+    ]
     evaluations += curve.history if curve is not None else []
     evaluations.append(
-        {"step": trainer.state.global_step, "eval_accuracy": after["accuracy"], "eval_pass@1": after["pass@1"]}
+        {
+            "step": trainer.state.global_step,
+            "eval_pass_at_k/accuracy": after["accuracy"],
+            "eval_pass_at_k/pass@1": after["pass@1"],
+        }
     )
     name = getattr(trainer, "_name", trainer_class.__name__)
     plot = save_curves(output_dir / "curves.png", trainer.state.log_history, evaluations, f"{name} on digit reversal")
