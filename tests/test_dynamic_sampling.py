@@ -231,8 +231,10 @@ def test_scalerl_defaults_and_a_training_run(tiny_model_path, tmp_path):
 
 
 def test_scalerl_loss_equals_the_formula_on_a_fixed_batch(tiny_model_path, tmp_path):
-    """ScaleRL's loss on one batch: batch-normalized advantages over the kept groups, CISPO per token, prompt_mean
-    weights; recomputed here in float64 from the batch's rewards and log-probabilities."""
+    """ScaleRL's loss on one batch with a dropped group and two kept groups: group-centred advantages divided by the
+    std of the centred advantages over the kept groups (the scalerl estimator, which differs from the raw-reward
+    batch std once two groups have different means), CISPO per token, prompt_mean weights; recomputed here in
+    float64 from the batch's rewards and log-probabilities."""
     trainer, recorder = _build(
         tiny_model_path,
         flagged_prompts(8, 8),
@@ -241,21 +243,28 @@ def test_scalerl_loss_equals_the_formula_on_a_fixed_batch(tiny_model_path, tmp_p
         trainer_class=tr.ScaleRLTrainer,
         output_dir=str(tmp_path),
         positive_resampling_threshold=None,
+        per_device_train_batch_size=12,
     )
-    dataset = flagged_prompts(2, 2)
-    batch = [dataset[i] for i in (0, 2) for _ in range(4)]  # one fixed (zero-variance) group, one open group
+    dataset = flagged_prompts(2, 3)
+    batch = [dataset[i] for i in (0, 2, 3) for _ in range(4)]  # one fixed (zero-variance) group, two open groups
     trainer.model.train()
     torch.manual_seed(7)
     inputs = trainer._generate_and_score_completions(batch)
     rewards = recorder.batches[0]["rewards"].double()
-    assert rewards[:4].tolist() == [1.0] * 4 and len(set(rewards[4:].tolist())) > 1
-    assert inputs["row_active"].tolist() == [0] * 4 + [1] * 4
+    groups = rewards.view(3, 4)
+    assert groups[0].tolist() == [1.0] * 4 and all(len(set(g.tolist())) > 1 for g in groups[1:])
+    assert groups[1].mean() != groups[2].mean()  # so scalerl and the raw-reward batch std differ
+    assert inputs["row_active"].tolist() == [0] * 4 + [1] * 8
 
     # Independent float64 formula.
-    open_rewards = rewards[4:]
-    centred = open_rewards - open_rewards.mean()
-    advantages = torch.cat([torch.zeros(4, dtype=torch.float64), centred / (centred.std() + 1e-4)])
+    centred = groups[1:] - groups[1:].mean(dim=1, keepdim=True)
+    open_advantages = (centred / (centred.flatten().std() + 1e-4)).flatten()
+    advantages = torch.cat([torch.zeros(4, dtype=torch.float64), open_advantages])
     torch.testing.assert_close(inputs["advantages"].double(), advantages, rtol=1e-5, atol=1e-6)
+    raw_std = (groups[1:].flatten() - groups[1:].mean(dim=1).repeat_interleave(4)) / (
+        groups[1:].flatten().std() + 1e-4
+    )
+    assert not torch.allclose(open_advantages, raw_std)
 
     mask = inputs["completion_mask"].double()
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
@@ -266,12 +275,12 @@ def test_scalerl_loss_equals_the_formula_on_a_fixed_batch(tiny_model_path, tmp_p
     logits = logits[:, -t - 1 : -1] / trainer.args.temperature
     logps = torch.log_softmax(logits, dim=-1).gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
     # On-policy: ratio 1 (below the cap c = 5), so the CISPO term per token is -A * log pi; prompt_mean weights
-    # are 1 / (P * tokens of the prompt's group), P = number of kept prompts.
+    # are 1 / (P * tokens of the prompt's group), P = number of kept prompts (2).
     per_token = -advantages.unsqueeze(1) * logps
-    active = torch.tensor([0.0] * 4 + [1.0] * 4, dtype=torch.float64)
-    group_tokens = (mask[4:]).sum()
-    weights = active / (1 * group_tokens)
-    expected = (weights.unsqueeze(1) * per_token * mask * active.unsqueeze(1)).sum()
+    group_tokens = mask.view(3, 4, -1).sum(dim=(1, 2)).repeat_interleave(4)
+    active = torch.tensor([0.0] * 4 + [1.0] * 8, dtype=torch.float64)
+    weights = active / (2 * group_tokens)
+    expected = (weights.unsqueeze(1) * per_token * mask).sum()
 
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train; this calls the loss directly
     loss = trainer._compute_loss(trainer.model, inputs)
