@@ -3,31 +3,92 @@ construction with a message naming the field and the allowed values."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import cpu_args, digit_fraction
 from trl import GRPOConfig
 
 import trl_reasoning as tr
+from trl_reasoning.config import preset_default, preset_sources, sources_markdown
 
-# (config class) -> expected resolved values, from shared/ALGORITHMS.md ("The trainers").
-PAPER_DEFAULTS = {
-    tr.DAPOConfig: dict(advantage_estimator="grpo", policy_loss="clip", loss_aggregation="token_mean", epsilon=0.2,
-                        epsilon_high=0.28, beta=0.0, loss_type="dapo", scale_rewards="group"),
-    tr.CISPOConfig: dict(advantage_estimator="grpo", policy_loss="cispo", loss_aggregation="token_mean",
-                         epsilon_high=5.0, beta=0.0, loss_type="cispo", dynamic_sampling=True,
-                         overlong_cache_length=102, cast_lm_head_to_fp32=True),  # 20% of TRL's 512 tokens
-    tr.DPPOConfig: dict(advantage_estimator="dr_grpo", policy_loss="dppo", loss_aggregation="seq_mean_token_sum_norm",
-                        dppo_divergence="binary_tv", dppo_threshold=None, dppo_is_cap=None, beta=0.0, loss_type=None),
-    tr.MaxRLConfig: dict(advantage_estimator="maxrl", policy_loss="clip", loss_aggregation="token_mean", epsilon=0.2,
-                         epsilon_high=None, beta=0.0, scale_rewards="none"),
-    tr.RLOOConfig: dict(advantage_estimator="rloo", policy_loss="sequence_clip", loss_aggregation="seq_mean_token_sum",
-                        beta=0.05, kl_in_reward=True, num_generations=2, epsilon=0.2),
-    tr.DrGRPOConfig: dict(advantage_estimator="dr_grpo", policy_loss="clip", loss_aggregation="seq_mean_token_sum_norm",
-                          beta=0.0, loss_type="dr_grpo", scale_rewards="none"),
-    tr.ScaleRLConfig: dict(advantage_estimator="scalerl", policy_loss="cispo", loss_aggregation="prompt_mean",
-                           epsilon_high=5.0, beta=0.0, zero_variance_filtering=True, positive_resampling_threshold=0.9,
-                           cast_lm_head_to_fp32=True),
-}  # fmt: skip
+# (config class) -> {field: (default, where it comes from)}: ALGORITHMS.md v2 ("The trainers"), the papers and the
+# authors' code. The source column is checked too: the preset's recorded source must cite the same place.
+PRESET_DEFAULTS = {
+    tr.DAPOConfig: {
+        "advantage_estimator": ("grpo", "DAPO §3 Eq. 9"),
+        "policy_loss": ("clip", "DAPO §3.1 Eq. 10"),
+        "epsilon": (0.2, "DAPO §4.1"),
+        "epsilon_high": (0.28, "DAPO §4.1"),
+        "loss_aggregation": ("token_mean", "loss_agg_mode=token-mean"),  # verl code, not the paper's Eq. 12
+        "overlong_cache_length": ("auto", "DAPO §3.4 Eq. 13"),
+        "dynamic_sampling": (True, "DAPO §3.2 Eq. 11"),
+        "max_num_gen_batches": (10, "max_num_gen_batches=10"),  # run_dapo_qwen2.5_32b.sh
+        "beta": (0.0, "DAPO §2.3"),
+    },
+    tr.CISPOConfig: {
+        "advantage_estimator": ("grpo", "MiniMax-M1 §3.1"),
+        "policy_loss": ("cispo", "MiniMax-M1 §3.1 Eq. 4-5"),
+        "epsilon_high": (5.0, "TRL 1.16 `GRPOConfig.epsilon_high`"),  # TRL's absolute-cap semantics
+        "loss_aggregation": ("token_mean", 'TRL\'s `loss_type="cispo"`'),
+        "dynamic_sampling": (True, "MiniMax-M1 §3.1"),
+        "overlong_cache_length": ("auto", "MiniMax-M1 §3.1"),
+        "cast_lm_head_to_fp32": (True, "MiniMax-M1 §3.2"),
+        "beta": (0.0, "MiniMax-M1 §3.1"),
+    },
+    tr.DPPOConfig: {
+        "advantage_estimator": ("dr_grpo", "norm_adv_by_std_in_grpo=False"),  # run_qwen30b_dppo.sh
+        "policy_loss": ("dppo", "DPPO §4.3 Eq. 12"),
+        "dppo_divergence": ("binary_tv", "DPPO §4.4"),
+        "dppo_threshold": (None, "DPPO App. C.1"),
+        "dppo_topk": (20, "DPPO §7.3"),
+        "dppo_is_cap": (None, "clip_ratio_c=10000"),
+        "loss_aggregation": ("seq_mean_token_sum_norm", "loss_agg_mode=seq-mean-token-sum-norm"),
+        "beta": (0.0, "use_kl_loss=False"),
+    },
+    tr.MaxRLConfig: {
+        "advantage_estimator": ("maxrl", "MaxRL Algorithm 1"),
+        "policy_loss": ("clip", "MaxRL appendix"),
+        "epsilon": (0.2, "CLIP_RATIO_LOW=CLIP_RATIO_HIGH=0.2"),
+        "loss_aggregation": ("token_mean", "loss_agg_mode: token-mean"),
+        "beta": (0.0, "KL coefficient 0"),
+    },
+    tr.RLOOConfig: {
+        "advantage_estimator": ("rloo", "§2.3"),
+        "policy_loss": ("sequence_clip", "TRL 1.16 `rloo_trainer.py`"),
+        "epsilon": (0.2, "`RLOOConfig.epsilon`"),
+        "loss_aggregation": ("seq_mean_token_sum", "TRL 1.16 `rloo_trainer.py`"),
+        "kl_in_reward": (True, "TRL 1.16 `rloo_trainer.py`"),
+        "beta": (0.05, "`RLOOConfig.beta`"),
+        "num_generations": (2, "`RLOOConfig.num_generations`"),
+    },
+    tr.DrGRPOConfig: {
+        "advantage_estimator": ("dr_grpo", "Dr. GRPO §3.2"),
+        "policy_loss": ("clip", "Dr. GRPO §3.2"),
+        "epsilon": (0.2, "Dr. GRPO App. G Table 6"),
+        "loss_aggregation": ("seq_mean_token_sum_norm", "generate_max_length"),  # the authors' code
+        "beta": (0.0, "Dr. GRPO App. G Table 6"),
+    },
+    tr.ScaleRLConfig: {
+        "advantage_estimator": ("scalerl", "ScaleRL §3.2"),
+        "policy_loss": ("cispo", "ScaleRL §3.2"),
+        "epsilon_high": (5.0, "ScaleRL App. A.17.2"),
+        "loss_aggregation": ("prompt_mean", "ScaleRL §3.2"),
+        "zero_variance_filtering": (True, "ScaleRL §3.2"),
+        "positive_resampling_threshold": (0.9, "ScaleRL §3.2"),
+        "cast_lm_head_to_fp32": (True, "ScaleRL §3.2"),
+        "beta": (0.0, "ScaleRL §4"),
+    },
+}
+
+# Values every preset derives in __post_init__ (TRL-compatibility mirrors and resolved "auto"s), not sourced fields.
+DERIVED_DEFAULTS = {
+    tr.DAPOConfig: dict(loss_type="dapo", scale_rewards="group", overlong_cache_length=102),
+    tr.CISPOConfig: dict(loss_type="cispo", overlong_cache_length=102),  # 20% of TRL's 512 tokens
+    tr.DPPOConfig: dict(loss_type=None),
+    tr.MaxRLConfig: dict(scale_rewards="none", epsilon_high=None),
+    tr.DrGRPOConfig: dict(loss_type="dr_grpo", scale_rewards="none"),
+}
 
 
 def make(config_cls=tr.ReasoningConfig, **kwargs):
@@ -36,11 +97,35 @@ def make(config_cls=tr.ReasoningConfig, **kwargs):
     return config_cls(**base)
 
 
-@pytest.mark.parametrize("config_cls", list(PAPER_DEFAULTS), ids=lambda c: c.__name__)
-def test_presets_carry_paper_defaults(config_cls):
+@pytest.mark.parametrize("config_cls", list(PRESET_DEFAULTS), ids=lambda c: c.__name__)
+def test_presets_carry_paper_defaults_with_their_sources(config_cls):
+    recorded = preset_sources(config_cls)
+    assert set(recorded) == set(PRESET_DEFAULTS[config_cls]), "a sourced default is missing from one of the two tables"
+    for name, (value, cited) in PRESET_DEFAULTS[config_cls].items():
+        default, source = recorded[name]
+        assert default == value, f"{config_cls.__name__}.{name}"
+        assert cited in source, f"{config_cls.__name__}.{name}: source {source!r} does not cite {cited!r}"
+        assert f"`{name}={value!r}`: {source}" in config_cls.__doc__  # help(config_cls) shows it
+
+
+@pytest.mark.parametrize("config_cls", list(PRESET_DEFAULTS), ids=lambda c: c.__name__)
+def test_presets_resolve_to_paper_defaults(config_cls):
     config = config_cls(output_dir="/tmp/x", use_cpu=True, bf16=False, report_to="none")
-    for name, expected in PAPER_DEFAULTS[config_cls].items():
-        assert getattr(config, name) == expected, f"{config_cls.__name__}.{name}"
+    expected = {name: value for name, (value, _) in PRESET_DEFAULTS[config_cls].items()}
+    expected.update(DERIVED_DEFAULTS.get(config_cls, {}))
+    for name, value in expected.items():
+        assert getattr(config, name) == value, f"{config_cls.__name__}.{name}"
+
+
+def test_readme_table_of_sources_is_generated_from_the_presets():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = readme.split("<!-- preset-sources:start -->\n")[1].split("<!-- preset-sources:end -->")[0]
+    assert block == sources_markdown(list(PRESET_DEFAULTS)), "run `python scripts/sources_table.py` into README.md"
+
+
+def test_a_preset_default_without_a_source_is_refused():
+    with pytest.raises(ValueError, match="needs a source"):
+        preset_default("beta", 0.1, source=" ")
 
 
 def test_dapo_overlong_cache_defaults_to_20_percent_of_max_length():

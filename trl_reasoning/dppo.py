@@ -10,23 +10,54 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
+from .config import ReasoningConfig, bibtex, document_sources, preset_default
+from .trainer import ReasoningTrainer
 
 
+@document_sources
 @dataclass(repr=False)  # ReasoningConfig's repr redacts tokens
 class DPPOConfig(ReasoningConfig):
     """[`ReasoningConfig`] with DPPO's defaults, as the authors run it: `advantage_estimator="dr_grpo"`
     (`norm_adv_by_std_in_grpo=False` in their script), `policy_loss="dppo"`, `dppo_divergence="binary_tv"` (threshold
-    0.15; `"binary_kl"` uses 0.05), no cap on the importance weight (`dppo_is_cap=None`; their script sets
-    `clip_ratio_c=10000` "for a fair comparison between GRPO and DPPO"), `loss_aggregation="seq_mean_token_sum_norm"`
-    (their `loss_agg_mode`), `beta=0.0`.
+    0.15; `"binary_kl"` uses 0.05), no cap on the importance weight (`dppo_is_cap=None`),
+    `loss_aggregation="seq_mean_token_sum_norm"`, `beta=0.0`.
 
     Paper: Rethinking the Trust Region in LLM Reinforcement Learning, arXiv 2602.04879.
     """
 
-    advantage_estimator: str | None = preset_default("advantage_estimator", "dr_grpo")
-    policy_loss: str | None = preset_default("policy_loss", "dppo")
-    loss_aggregation: str | None = preset_default("loss_aggregation", "seq_mean_token_sum_norm")
+    advantage_estimator: str | None = preset_default(
+        "advantage_estimator",
+        "dr_grpo",
+        source="the authors' script: verl `examples/dppo_trainer/run_qwen30b_dppo.sh` `norm_adv_by_std_in_grpo=False`; "
+        "DPPO App. C.1 Eq. 23 (no std normalisation)",
+    )
+    policy_loss: str | None = preset_default(
+        "policy_loss", "dppo", source="DPPO §4.3 Eq. 12 (divergence mask on the policy gradient)"
+    )
+    dppo_divergence: str = preset_default(
+        "dppo_divergence", "binary_tv", source="DPPO §4.4 Eq. 13-14 (binary TV); `run_qwen30b_dppo.sh` `dppo_tv`"
+    )
+    dppo_threshold: float | None = preset_default(
+        "dppo_threshold",
+        None,
+        source="`None` = 0.15 for TV, 0.05 for KL: DPPO App. C.1 and `run_qwen30b_dppo.sh` (`clip_ratio` 0.15 / "
+        "0.05). The paper's App. E uses 0.2 for binary TV in most scaling runs",
+    )
+    dppo_topk: int = preset_default("dppo_topk", 20, source="DPPO §7.3 and App. B.1 (K = 20)")
+    dppo_is_cap: float | None = preset_default(
+        "dppo_is_cap",
+        None,
+        source="the authors' script: `run_qwen30b_dppo.sh` `clip_ratio_c=10000` (dual clip and truncated IS off); "
+        "the paper's App. E caps the weight at C = 5 in its scaling runs",
+    )
+    loss_aggregation: str | None = preset_default(
+        "loss_aggregation",
+        "seq_mean_token_sum_norm",
+        source="the authors' script: `run_qwen30b_dppo.sh` `loss_agg_mode=seq-mean-token-sum-norm`",
+    )
+    beta: float = preset_default(
+        "beta", 0.0, source="the authors' script: `run_qwen30b_dppo.sh` `use_kl_loss=False`, `use_kl_in_reward=False`"
+    )
 
 
 class DPPOTrainer(ReasoningTrainer):

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
+from .config import ReasoningConfig, bibtex, document_sources, preset_default
+from .trainer import ReasoningTrainer
 
 
+@document_sources
 @dataclass(repr=False)  # ReasoningConfig's repr redacts tokens
 class DrGRPOConfig(ReasoningConfig):
     """[`ReasoningConfig`] with Dr. GRPO's defaults: `advantage_estimator="dr_grpo"` (TRL's `scale_rewards="none"`),
@@ -20,9 +22,21 @@ class DrGRPOConfig(ReasoningConfig):
     Paper: Understanding R1-Zero-Like Training: A Critical Perspective, arXiv 2503.20783.
     """
 
-    advantage_estimator: str | None = preset_default("advantage_estimator", "dr_grpo")
-    policy_loss: str | None = preset_default("policy_loss", "clip")
-    loss_aggregation: str | None = preset_default("loss_aggregation", "seq_mean_token_sum_norm")
+    advantage_estimator: str | None = preset_default(
+        "advantage_estimator",
+        "dr_grpo",
+        source="Dr. GRPO §3.2 (std normalisation removed); `sail-sg/understand-r1-zero` `train_zero_math.py` "
+        "`critic_type=drgrpo`",
+    )
+    policy_loss: str | None = preset_default("policy_loss", "clip", source="Dr. GRPO §3.2 (PPO's clipped objective)")
+    epsilon: float = preset_default("epsilon", 0.2, source="Dr. GRPO App. G Table 6 (policy clip 0.2)")
+    loss_aggregation: str | None = preset_default(
+        "loss_aggregation",
+        "seq_mean_token_sum_norm",
+        source="the authors' code: Dr. GRPO Listing 1 and `train_zero_math.py` (`masked_sum` divided by the constant "
+        "`generate_max_length`); §3.2 itself only removes the 1/|o_i| factor",
+    )
+    beta: float = preset_default("beta", 0.0, source="Dr. GRPO App. G Table 6 (KL coefficients 0)")
 
 
 class DrGRPOTrainer(ReasoningTrainer):

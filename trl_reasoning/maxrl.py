@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
+from .config import ReasoningConfig, bibtex, document_sources, preset_default
+from .trainer import ReasoningTrainer
 
 
+@document_sources
 @dataclass(repr=False)  # ReasoningConfig's repr redacts tokens
 class MaxRLConfig(ReasoningConfig):
     """[`ReasoningConfig`] with MaxRL's defaults: `advantage_estimator="maxrl"`, `policy_loss="clip"` (`epsilon=0.2`),
@@ -20,9 +22,30 @@ class MaxRLConfig(ReasoningConfig):
     Paper: Maximum Likelihood Reinforcement Learning, arXiv 2602.02710.
     """
 
-    advantage_estimator: str | None = preset_default("advantage_estimator", "maxrl")
-    policy_loss: str | None = preset_default("policy_loss", "clip")
-    loss_aggregation: str | None = preset_default("loss_aggregation", "token_mean")
+    advantage_estimator: str | None = preset_default(
+        "advantage_estimator",
+        "maxrl",
+        source="MaxRL Algorithm 1; authors' code `tajwarfahim/maxrl` `compute_maxrl_outcome_advantage`",
+    )
+    policy_loss: str | None = preset_default(
+        "policy_loss", "clip", source="MaxRL appendix objective (clipped ratio; inert when fully on-policy)"
+    )
+    epsilon: float = preset_default(
+        "epsilon",
+        0.2,
+        source="the authors' code: `qwen3_experiments/run_qwen3_training.sh` `CLIP_RATIO_LOW=CLIP_RATIO_HIGH=0.2` (the "
+        "paper gives no value)",
+    )
+    loss_aggregation: str | None = preset_default(
+        "loss_aggregation",
+        "token_mean",
+        source="the authors' code (verl's default `loss_agg_mode: token-mean`, kept by `run_qwen3_training.sh`) and "
+        "the paper's appendix objective (1/T, T = tokens of the mini-batch); Algorithm 1's estimator averages over "
+        "samples",
+    )
+    beta: float = preset_default(
+        "beta", 0.0, source="MaxRL appendix, Qwen3 hyperparameters (KL coefficient 0); `run_qwen3_training.sh`"
+    )
 
 
 class MaxRLTrainer(ReasoningTrainer):

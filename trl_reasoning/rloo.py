@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
+from .config import ReasoningConfig, bibtex, document_sources, preset_default
+from .trainer import ReasoningTrainer
 
 
+@document_sources
 @dataclass(repr=False)  # ReasoningConfig's repr redacts tokens
 class RLOOConfig(ReasoningConfig):
     """[`ReasoningConfig`] with the defaults of TRL's `RLOOConfig`: `advantage_estimator="rloo"`,
@@ -24,12 +26,32 @@ class RLOOConfig(ReasoningConfig):
     arXiv 2402.14740.
     """
 
-    advantage_estimator: str | None = preset_default("advantage_estimator", "rloo")
-    policy_loss: str | None = preset_default("policy_loss", "sequence_clip")
-    loss_aggregation: str | None = preset_default("loss_aggregation", "seq_mean_token_sum")
-    kl_in_reward: bool = preset_default("kl_in_reward", True)
-    beta: float = preset_default("beta", 0.05)
-    num_generations: int | None = preset_default("num_generations", 2)
+    advantage_estimator: str | None = preset_default(
+        "advantage_estimator", "rloo", source="RLOO (Ahmadian et al.) §2.3: leave-one-out baseline; TRL `RLOOTrainer`"
+    )
+    policy_loss: str | None = preset_default(
+        "policy_loss",
+        "sequence_clip",
+        source="TRL 1.16 `rloo_trainer.py` (sequence-level ratio clipped at ε); the paper's RLOO is unclipped "
+        "REINFORCE, which this equals with one update per batch",
+    )
+    epsilon: float = preset_default("epsilon", 0.2, source="TRL 1.16 `RLOOConfig.epsilon`")
+    loss_aggregation: str | None = preset_default(
+        "loss_aggregation",
+        "seq_mean_token_sum",
+        source="TRL 1.16 `rloo_trainer.py` (mean over sequences of summed token terms)",
+    )
+    kl_in_reward: bool = preset_default(
+        "kl_in_reward",
+        True,
+        source="TRL 1.16 `rloo_trainer.py` (k1 KL subtracted from the sequence reward), RLOO's KL-shaped reward",
+    )
+    beta: float = preset_default(
+        "beta", 0.05, source="TRL 1.16 `RLOOConfig.beta` (TRL's value; the paper's runs use others)"
+    )
+    num_generations: int | None = preset_default(
+        "num_generations", 2, source="TRL 1.16 `RLOOConfig.num_generations`; RLOO's k = 2"
+    )
 
 
 class RLOOTrainer(ReasoningTrainer):

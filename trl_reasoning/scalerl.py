@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .trainer import ReasoningConfig, ReasoningTrainer, bibtex, preset_default
+from .config import ReasoningConfig, bibtex, document_sources, preset_default
+from .trainer import ReasoningTrainer
 
 
+@document_sources
 @dataclass(repr=False)  # ReasoningConfig's repr redacts tokens
 class ScaleRLConfig(ReasoningConfig):
     """[`ReasoningConfig`] with ScaleRL's defaults: `advantage_estimator="scalerl"`, `policy_loss="cispo"` with
@@ -26,13 +28,33 @@ class ScaleRLConfig(ReasoningConfig):
     Paper: The Art of Scaling Reinforcement Learning Compute for LLMs, arXiv 2510.13786.
     """
 
-    advantage_estimator: str | None = preset_default("advantage_estimator", "scalerl")
-    policy_loss: str | None = preset_default("policy_loss", "cispo")
-    loss_aggregation: str | None = preset_default("loss_aggregation", "prompt_mean")
-    epsilon_high: float | None = preset_default("epsilon_high", 5.0)
-    zero_variance_filtering: bool = preset_default("zero_variance_filtering", True)
-    positive_resampling_threshold: float | None = preset_default("positive_resampling_threshold", 0.9)
-    cast_lm_head_to_fp32: bool = preset_default("cast_lm_head_to_fp32", True)
+    advantage_estimator: str | None = preset_default(
+        "advantage_estimator",
+        "scalerl",
+        source="ScaleRL §3.2 (batch-level advantage normalisation) and §4 (std of the batch's centred advantages)",
+    )
+    policy_loss: str | None = preset_default("policy_loss", "cispo", source="ScaleRL §3.2 (loss type: CISPO) and §4")
+    epsilon_high: float | None = preset_default(
+        "epsilon_high",
+        5.0,
+        source="ScaleRL App. A.17.2 (ε_max of 4, 5 and 8 perform alike; the value of the main runs is not stated); "
+        "5.0 is TRL's recommended value",
+    )
+    loss_aggregation: str | None = preset_default(
+        "loss_aggregation", "prompt_mean", source="ScaleRL §3.2 (loss aggregation: prompt average) and §4"
+    )
+    zero_variance_filtering: bool = preset_default(
+        "zero_variance_filtering", True, source="ScaleRL §3.2 (zero-variance filtering) and §4"
+    )
+    positive_resampling_threshold: float | None = preset_default(
+        "positive_resampling_threshold",
+        0.9,
+        source="ScaleRL §3.2 (adaptive prompt filtering: No-Positive-Resampling at pass rate ≥ 0.9) and §4",
+    )
+    cast_lm_head_to_fp32: bool = preset_default(
+        "cast_lm_head_to_fp32", True, source="ScaleRL §3.2 (FP32 precision for LLM logits) and §4"
+    )
+    beta: float = preset_default("beta", 0.0, source="ScaleRL §4 (the ScaleRL objective has no KL term)")
 
 
 class ScaleRLTrainer(ReasoningTrainer):

@@ -1,4 +1,5 @@
-"""The seam between trl-reasoning's math and TRL: ``ReasoningConfig`` and ``ReasoningTrainer``.
+"""The seam between trl-reasoning's math and TRL: ``ReasoningTrainer`` (``ReasoningConfig`` lives in ``config.py`` and
+is re-exported here).
 
 This is the only module that overrides TRL's private methods. All of them are listed in ``TRL_PRIVATE_API`` with
 the parameter names checked against ``TRL_CHECKED_VERSION``; ``check_trl_private_api`` (run when a trainer is built
@@ -20,28 +21,25 @@ How a step works, on top of TRL's ``GRPOTrainer``:
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import functools
 import inspect
 import json
 import logging
 import os
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from accelerate.utils import gather_object
 from datasets import IterableDataset
 from packaging.version import Version
-from transformers import TrainingArguments
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head
 
-from .advantages import ADVANTAGE_ESTIMATORS, GROUP_RELATIVE_ESTIMATORS, compute_advantages
-from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
+from .advantages import compute_advantages
+from .aggregation import aggregate_loss, completion_weights
+from .config import ReasoningConfig
 from .lm_head import cast_lm_head_to_fp32, unwrap_peft
 from .logits import (
     chunked_logps,
@@ -51,10 +49,9 @@ from .logits import (
     rollout_topk_from_engine,
     rollout_topk_from_hidden,
 )
-from .losses import DPPO_DEFAULT_THRESHOLDS, POLICY_LOSSES, compute_policy_loss
-from .model_card import ReasoningModelCardMixin, record_derived_values
+from .losses import POLICY_LOSSES, compute_policy_loss
+from .model_card import ReasoningModelCardMixin
 from .rewards import (
-    REWARD_ERROR_POLICIES,
     RewardFunctionError,
     check_reward_columns,
     non_binary_reward_functions,
@@ -70,7 +67,6 @@ from .sampling import (
     prompt_key,
     select_groups,
 )
-from .typed_fields import coerce_field_types
 
 logger = logging.getLogger(__name__)
 
@@ -205,489 +201,6 @@ def warn_if_trl_unsupported() -> None:
             f"Install a supported version: pip install 'trl>={SUPPORTED_TRL[0]},<{SUPPORTED_TRL[1]}'.",
             stacklevel=2,
         )
-
-
-# TRL's `loss_type` = (objective, aggregation). `importance_sampling_level="sequence"` turns "grpo" into GSPO.
-_TRL_LOSS_TYPES = {
-    "grpo": ("clip", "seq_mean_token_mean"),
-    "dapo": ("clip", "token_mean"),
-    "dr_grpo": ("clip", "seq_mean_token_sum_norm"),
-    "cispo": ("cispo", "token_mean"),
-}
-_TRL_LOSS_TYPE_OF = {pair: name for name, pair in _TRL_LOSS_TYPES.items()}
-_UNSUPPORTED_TRL_LOSS_TYPES = {
-    "bnpo": "it normalizes by the tokens of each local micro-batch, so its gradient depends on how the batch is "
-    "split; loss_type='dapo' (loss_aggregation='token_mean') normalizes by the tokens of the whole batch",
-    "sapo": "trl-reasoning has no SAPO objective; use trl.GRPOTrainer",
-    "luspo": "trl-reasoning has no LUSPO objective; use trl.GRPOTrainer",
-    "vespo": "trl-reasoning has no VESPO objective; use trl.GRPOTrainer",
-}
-# TRL's `scale_rewards` <-> advantage estimator.
-_SCALE_REWARDS_TO_ESTIMATOR = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}
-_ESTIMATOR_TO_SCALE_REWARDS = {"grpo": "group", "batch": "batch", "dr_grpo": "none", "rloo": "none", "maxrl": "none"}
-_OVERLONG_AUTO_FRACTION = 0.2  # DAPO: L_cache = 4096 of L_max = 20480
-
-
-@dataclass(repr=False)  # keep TrainingArguments' repr, which redacts tokens (see __repr__)
-class ReasoningConfig(GRPOConfig):
-    r"""
-    Configuration for [`ReasoningTrainer`] and every trl-reasoning preset: all of [`~trl.GRPOConfig`], plus the
-    fields below that pick the algorithm's pieces by name. TRL's own fields keep their TRL meaning: a value that
-    trl-reasoning cannot honour is rejected here, at construction, with a message naming the field.
-
-    Parameters:
-        > Parameters that choose the algorithm
-
-        advantage_estimator (`str` or `None`, *optional*, defaults to `None`):
-            One of `"grpo"`, `"dr_grpo"`, `"rloo"`, `"maxrl"`, `"batch"`, `"scalerl"` (see
-            `trl_reasoning.advantages`). `None`
-            derives it from TRL's `scale_rewards` (`"group"` → `"grpo"`, `"batch"` → `"batch"`, `"none"` →
-            `"dr_grpo"`); when both are set they must agree.
-        policy_loss (`str` or `None`, *optional*, defaults to `None`):
-            One of `"clip"`, `"cispo"`, `"dppo"`, `"sequence_clip"`, `"gspo"` (see `trl_reasoning.losses`).
-        loss_aggregation (`str` or `None`, *optional*, defaults to `None`):
-            One of `"token_mean"`, `"seq_mean_token_mean"`, `"seq_mean_token_sum_norm"`, `"seq_mean_token_sum"`,
-            `"prompt_mean"` (see `trl_reasoning.aggregation`). With `policy_loss`, `None` derives both from TRL's
-            `loss_type` (`"dapo"` when that is unset too); when both are set they must agree.
-        loss_type (`str` or `None`, *optional*, defaults to `None`):
-            TRL's loss name, accepted for drop-in compatibility: `"grpo"`, `"dapo"`, `"dr_grpo"`, `"cispo"`. After
-            construction it holds the TRL name equivalent to `policy_loss` + `loss_aggregation`, or `None` if TRL
-            has no equivalent (e.g. DPPO).
-        scale_rewards (`str` or `None`, *optional*, defaults to `None`):
-            TRL's reward scaling, accepted for drop-in compatibility (`"group"`, `"batch"`, `"none"`, or a bool).
-            After construction it holds the value equivalent to `advantage_estimator`.
-        kl_in_reward (`bool`, *optional*, defaults to `False`):
-            Apply `beta` as a KL penalty in the reward (`r ← r − beta · Σ_t (log π_old − log π_ref)`, no gradient),
-            as TRL's `RLOOTrainer` does, instead of TRL GRPO's per-token `beta · k3` term in the loss.
-
-        > Parameters of reward shaping
-
-        overlong_cache_length (`int`, `str` or `None`, *optional*, defaults to `None`):
-            DAPO's soft overlong punishment: completions longer than `max_completion_length − overlong_cache_length`
-            tokens get a penalty falling linearly to −1 at `max_completion_length`. `None` turns it off; `"auto"` uses
-            20% of `max_completion_length` (the DAPO paper's 4096 of 20480).
-
-        > Parameters of sampling
-
-        dynamic_sampling (`bool`, *optional*, defaults to `False`):
-            DAPO's dynamic sampling (training only): groups whose task rewards (before shaping) are all equal are
-            dropped, and fresh prompts from the training dataset are generated and scored until the generation
-            batch holds `generation_batch_size / num_generations` informative groups, or `max_num_gen_batches`
-            rounds have run. When rounds run out the step trains on the groups it has (the missing ones are filled
-            with dropped groups whose loss weight is 0), with a warning and the `sampling/round_cap_hit` metric.
-        max_num_gen_batches (`int`, *optional*, defaults to `10`):
-            The most generation rounds (the dataloader's batch included) dynamic sampling runs for one batch.
-        zero_variance_filtering (`bool`, *optional*, defaults to `False`):
-            ScaleRL's zero-variance filtering: groups whose task rewards are all equal get loss weight 0 and the
-            loss normalizers count only the other groups. Nothing is regenerated.
-        positive_resampling_threshold (`float` or `None`, *optional*, defaults to `None`):
-            ScaleRL's no-positive-resampling: a prompt whose group pass rate (share of completions with task reward
-            `> 0`) reaches this threshold is not sampled again in later epochs (ScaleRL: 0.9). The retired prompts
-            are saved in checkpoints. `None` turns it off.
-        task_reward_funcs (`list[str]` or `None`, *optional*, defaults to `None`):
-            The reward functions, by name (as logged under `rewards/<name>`), whose weighted sum is the *task* reward:
-            what dynamic sampling and zero-variance filtering call informative and what no-positive-resampling calls
-            a pass (task reward `> 0`). Auxiliary rewards (format, length) and overlong shaping still shape the
-            advantage but never decide these. `None` takes every reward function, except that no-positive-resampling
-            with several reward functions needs it set (a format bonus alone must never retire a prompt the model
-            never solved). Logged as `task_reward`.
-
-        > Parameters of fault handling
-
-        on_reward_error (`str`, *optional*, defaults to `"raise"`):
-            What happens when a reward function raises. `"raise"`: an error naming the function, the failing sample
-            and the exception. `"exclude"`: the samples it fails on (found by calling it again sample by sample) get
-            no reward (advantage 0, like a `None` reward) and are counted in `rewards/<name>/errors`.
-        nonfinite_loss_patience (`int`, *optional*, defaults to `3`):
-            An optimizer step whose loss is NaN or infinite is skipped (parameters and optimizer state untouched),
-            counted in `nonfinite_loss/skipped_steps` and warned about; more than this many consecutive skipped steps
-            stop training with a `NonFiniteLossError`. `0` stops at the first one.
-
-        > Parameters of DPPO
-
-        dppo_divergence (`str`, *optional*, defaults to `"binary_tv"`):
-            The divergence of DPPO's trust-region mask: `"binary_tv"` or `"binary_kl"` (the sampled token against
-            the rest), or `"topk_tv"` / `"topk_kl"` (the rollout distribution's top-`dppo_topk` tokens plus a rest
-            bucket; the rollout's top-K ids and log-probs are stored at generation time).
-        dppo_topk (`int`, *optional*, defaults to `20`):
-            K of the `"topk_*"` divergences.
-        dppo_threshold (`float` or `None`, *optional*, defaults to `None`):
-            The mask's threshold δ; `None` takes the paper's default for the divergence (0.15 TV, 0.05 KL).
-        dppo_is_cap (`float` or `None`, *optional*, defaults to `None`):
-            Optional cap `C` on DPPO's importance ratio `π / μ_rollout` (`w = min(π / μ_rollout, C)`). `None`, the
-            authors' setting, applies no cap (their verl script sets `clip_ratio_c=10000` "for a fair comparison").
-
-        > Parameters of MaxRL
-
-        maxrl_reward_threshold (`float` or `None`, *optional*, defaults to `None`):
-            MaxRL needs binary rewards. With a threshold, a reward `≥` threshold counts as a success (1), otherwise a
-            failure (0). Without one, non-binary rewards raise an error naming the reward function.
-    """
-
-    advantage_estimator: str | None = field(
-        default=None,
-        metadata={
-            "help": "Advantage estimator: 'grpo', 'dr_grpo', 'rloo', 'maxrl', 'batch' or 'scalerl'. None derives it from "
-            "`scale_rewards`.",
-        },
-    )
-    policy_loss: str | None = field(
-        default=None,
-        metadata={
-            "help": "Per-token policy objective: 'clip', 'cispo', 'dppo', 'sequence_clip' or 'gspo'. None derives "
-            "it from `loss_type`.",
-        },
-    )
-    loss_aggregation: str | None = field(
-        default=None,
-        metadata={
-            "help": "Loss aggregation: 'token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum_norm', "
-            "'seq_mean_token_sum' or 'prompt_mean'. None derives it from `loss_type`.",
-        },
-    )
-    loss_type: str | None = field(
-        default=None,
-        metadata={
-            "help": "TRL's loss name ('grpo', 'dapo', 'dr_grpo', 'cispo'), accepted for drop-in compatibility; "
-            "must agree with `policy_loss`/`loss_aggregation` when those are set.",
-        },
-    )
-    scale_rewards: str | None = field(
-        default=None,
-        metadata={
-            "help": "TRL's reward scaling ('group', 'batch', 'none'), accepted for drop-in compatibility; must agree "
-            "with `advantage_estimator` when that is set.",
-        },
-    )
-    kl_in_reward: bool = field(
-        default=False,
-        metadata={
-            "help": "Apply `beta` as a sequence-level KL penalty in the reward (TRL's RLOO) instead of the loss."
-        },
-    )
-    overlong_cache_length: int | str | None = field(
-        default=None,
-        metadata={
-            "help": "DAPO overlong shaping: the length of the penalty ramp before max_completion_length, in tokens. "
-            "None = off; 'auto' = 20% of max_completion_length.",
-        },
-    )
-    dynamic_sampling: bool = field(
-        default=False,
-        metadata={
-            "help": "DAPO dynamic sampling: drop groups with all-equal rewards and generate for fresh prompts until "
-            "the batch is full of informative groups (at most `max_num_gen_batches` rounds)."
-        },
-    )
-    max_num_gen_batches: int = field(
-        default=10,
-        metadata={"help": "Dynamic sampling: the most generation rounds per batch (the first one included)."},
-    )
-    zero_variance_filtering: bool = field(
-        default=False,
-        metadata={"help": "ScaleRL: give groups with all-equal rewards loss weight 0 (without generating more)."},
-    )
-    positive_resampling_threshold: float | None = field(
-        default=None,
-        metadata={
-            "help": "ScaleRL no-positive-resampling: prompts whose group pass rate reaches this threshold are not "
-            "sampled in later epochs. None = off."
-        },
-    )
-    task_reward_funcs: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "The reward functions (by name) whose weighted sum is the task reward that dynamic sampling, "
-            "zero-variance filtering and no-positive-resampling judge. None = all of them."
-        },
-    )
-    on_reward_error: str = field(
-        default="raise",
-        metadata={
-            "help": "When a reward function raises: 'raise' (error naming it and the sample) or 'exclude' (those "
-            "samples get no reward and are counted in rewards/<name>/errors)."
-        },
-    )
-    nonfinite_loss_patience: int = field(
-        default=3,
-        metadata={
-            "help": "Steps with a NaN/inf loss are skipped (parameters untouched); more than this many in a row stop "
-            "training with an error."
-        },
-    )
-    dppo_divergence: str = field(
-        default="binary_tv",
-        metadata={"help": "DPPO divergence: 'binary_tv', 'binary_kl', 'topk_tv' or 'topk_kl'."},
-    )
-    dppo_topk: int = field(
-        default=20,
-        metadata={"help": "DPPO: K of the 'topk_tv' / 'topk_kl' divergences (the rollout's top-K tokens + rest)."},
-    )
-    dppo_threshold: float | None = field(
-        default=None,
-        metadata={"help": "DPPO trust-region threshold; None = paper default (0.15 for TV, 0.05 for KL)."},
-    )
-    dppo_is_cap: float | None = field(
-        default=None,
-        metadata={
-            "help": "Optional cap C on DPPO's importance ratio pi / mu_rollout. None = no cap (the authors' runs)."
-        },
-    )
-    maxrl_reward_threshold: float | None = field(
-        default=None,
-        metadata={"help": "MaxRL: rewards >= this threshold count as successes. None = rewards must be 0/1."},
-    )
-
-    def __post_init__(self):
-        # A value given in Python gets the conversion TRL's YAML/CLI parsing applies (never a truthy "false").
-        coerce_field_types(self)
-        passed = {item.name: getattr(self, item.name) for item in dataclasses.fields(self) if item.init}
-        self._resolve_loss()
-        self._resolve_advantage_estimator()
-        self._validate_reasoning_fields()
-        super().__post_init__()
-        # The model card tells what the user set from what __post_init__ derived, without building a config later
-        # (building one mid-training resets accelerate's global state).
-        record_derived_values(self, passed)
-
-    # Secrets (`hub_token`, ...) never leave the process: the repr and pickles (`training_args.bin`, written by the
-    # Trainer next to every checkpoint) replace them with a placeholder; in-process copies keep them.
-    def __repr__(self) -> str:
-        return TrainingArguments.__str__(self)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            key: f"<{key.upper()}>" if key.endswith("_token") and isinstance(value, str) else value
-            for key, value in self.__dict__.items()
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    def __copy__(self):
-        clone = type(self).__new__(type(self))
-        clone.__dict__.update(self.__dict__)
-        return clone
-
-    def __deepcopy__(self, memo):
-        clone = type(self).__new__(type(self))
-        memo[id(self)] = clone
-        clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
-        return clone
-
-    def _resolve_loss(self) -> None:
-        sequence_level = self.importance_sampling_level == "sequence"
-        if self.loss_type is not None:
-            if self.loss_type in _UNSUPPORTED_TRL_LOSS_TYPES:
-                raise ValueError(
-                    f"loss_type={self.loss_type!r} is not supported: {_UNSUPPORTED_TRL_LOSS_TYPES[self.loss_type]}. "
-                    f"Allowed values: {', '.join(_TRL_LOSS_TYPES)}, or None with policy_loss and loss_aggregation."
-                )
-            if self.loss_type not in _TRL_LOSS_TYPES:
-                raise ValueError(
-                    f"Unknown loss_type {self.loss_type!r}. Allowed values: {', '.join(_TRL_LOSS_TYPES)}, or None."
-                )
-            implied_loss, implied_aggregation = _TRL_LOSS_TYPES[self.loss_type]
-            if sequence_level and self.loss_type == "grpo":
-                implied_loss = "gspo"
-            for name, value, implied in (
-                ("policy_loss", self.policy_loss, implied_loss),
-                ("loss_aggregation", self.loss_aggregation, implied_aggregation),
-            ):
-                if value is not None and value != implied:
-                    raise ValueError(
-                        f"{name}={value!r} conflicts with loss_type={self.loss_type!r}, which means "
-                        f"policy_loss={implied_loss!r} and loss_aggregation={implied_aggregation!r} in TRL. Set "
-                        f"loss_type=None to use {name}={value!r}, or drop {name}."
-                    )
-            self.policy_loss, self.loss_aggregation = implied_loss, implied_aggregation
-        else:
-            if self.policy_loss is None:
-                self.policy_loss = "gspo" if sequence_level else "clip"
-            if self.loss_aggregation is None:
-                self.loss_aggregation = "seq_mean_token_mean" if self.policy_loss == "gspo" else "token_mean"
-        POLICY_LOSSES.get(self.policy_loss)  # raises on an unknown name, listing the allowed ones
-        AGGREGATIONS.get(self.loss_aggregation)
-        if self.policy_loss == "gspo":
-            self.importance_sampling_level = "sequence"  # GSPO's ratio is the sequence ratio by definition
-        elif sequence_level:
-            raise ValueError(
-                f"importance_sampling_level='sequence' is honoured by policy_loss='gspo' only (TRL's loss_type='grpo' "
-                f"with a sequence-level ratio), not by policy_loss={self.policy_loss!r}. Use policy_loss='gspo' or "
-                "importance_sampling_level='token'."
-            )
-        if self.policy_loss == "gspo":  # TRL spells GSPO as loss_type="grpo" with a sequence-level ratio
-            self.loss_type = "grpo" if self.loss_aggregation == "seq_mean_token_mean" else None
-        else:
-            self.loss_type = _TRL_LOSS_TYPE_OF.get((self.policy_loss, self.loss_aggregation))
-
-    def _resolve_advantage_estimator(self) -> None:
-        scale = self.scale_rewards
-        if isinstance(scale, bool):
-            scale = "group" if scale else "none"
-        if scale is not None and scale not in _SCALE_REWARDS_TO_ESTIMATOR:
-            raise ValueError(
-                f"Unknown scale_rewards {self.scale_rewards!r}. Allowed values: "
-                f"{', '.join(_SCALE_REWARDS_TO_ESTIMATOR)}, True, False or None."
-            )
-        if self.advantage_estimator is None:
-            self.advantage_estimator = _SCALE_REWARDS_TO_ESTIMATOR[scale or "group"]
-        ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
-        implied = _ESTIMATOR_TO_SCALE_REWARDS.get(self.advantage_estimator, "none")
-        if scale is not None and scale != implied:
-            raise ValueError(
-                f"scale_rewards={self.scale_rewards!r} conflicts with advantage_estimator="
-                f"{self.advantage_estimator!r}, whose scaling is TRL's scale_rewards={implied!r}. Drop scale_rewards, "
-                f"or choose the estimator that matches it ({_SCALE_REWARDS_TO_ESTIMATOR[scale]!r})."
-            )
-        self.scale_rewards = implied
-
-    def _validate_reasoning_fields(self) -> None:
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(
-                f"multi_objective_aggregation={self.multi_objective_aggregation!r} is not supported: trl-reasoning's "
-                "estimators act on one combined reward per completion. Allowed value: 'sum_then_normalize'."
-            )
-        if self.advantage_estimator in GROUP_RELATIVE_ESTIMATORS and (self.num_generations or 0) < 2:
-            raise ValueError(
-                f"num_generations={self.num_generations} is too small: advantage_estimator="
-                f"{self.advantage_estimator!r} compares each completion with the others of its prompt's group, so "
-                "num_generations must be >= 2."
-            )
-        if self.epsilon < 0:
-            raise ValueError(f"epsilon must be >= 0, got {self.epsilon}.")
-        if self.epsilon_high is not None and self.epsilon_high <= 0:
-            raise ValueError(f"epsilon_high must be > 0 (or None to use epsilon), got {self.epsilon_high}.")
-        if self.delta is not None and self.policy_loss != "clip":
-            raise ValueError(
-                f"delta={self.delta} (two-sided clipping) applies to policy_loss='clip' only, not "
-                f"{self.policy_loss!r}. Set delta=None."
-            )
-        if self.on_reward_error not in REWARD_ERROR_POLICIES:
-            raise ValueError(
-                f"Unknown on_reward_error {self.on_reward_error!r}. Allowed values: {', '.join(REWARD_ERROR_POLICIES)}."
-            )
-        patience = self.nonfinite_loss_patience
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
-            raise ValueError(f"nonfinite_loss_patience must be an int >= 0, got {patience!r}.")
-        if isinstance(self.max_num_gen_batches, bool) or not isinstance(self.max_num_gen_batches, int):
-            raise ValueError(f"max_num_gen_batches must be an int >= 1, got {self.max_num_gen_batches!r}.")
-        if self.max_num_gen_batches < 1:
-            raise ValueError(
-                f"max_num_gen_batches must be >= 1 (the number of generation rounds dynamic sampling may run per "
-                f"batch), got {self.max_num_gen_batches}."
-            )
-        threshold = self.positive_resampling_threshold
-        if threshold is not None and not 0.0 < threshold <= 1.0:
-            raise ValueError(
-                f"positive_resampling_threshold must be in (0, 1] (a group pass rate) or None, got {threshold}."
-            )
-        if isinstance(self.task_reward_funcs, str):
-            self.task_reward_funcs = [self.task_reward_funcs]
-        if self.task_reward_funcs is not None:
-            names = list(self.task_reward_funcs)
-            if not names or not all(isinstance(name, str) and name for name in names):
-                raise ValueError(
-                    f"task_reward_funcs must be a non-empty list of reward function names (or None for all), got "
-                    f"{self.task_reward_funcs!r}."
-                )
-            self.task_reward_funcs = names
-        self._validate_ordering()
-        if self.dppo_divergence not in DPPO_DEFAULT_THRESHOLDS:
-            raise ValueError(
-                f"Unknown dppo_divergence {self.dppo_divergence!r}. Allowed values: "
-                f"{', '.join(DPPO_DEFAULT_THRESHOLDS)}."
-            )
-        if isinstance(self.dppo_topk, bool) or not isinstance(self.dppo_topk, int) or self.dppo_topk < 1:
-            raise ValueError(f"dppo_topk must be an int >= 1, got {self.dppo_topk!r}.")
-        if (
-            self.policy_loss == "dppo"
-            and self.dppo_divergence.startswith("topk")
-            and (self.entropy_coef != 0.0 or self.use_adaptive_entropy)
-        ):
-            raise ValueError(
-                f"entropy_coef / use_adaptive_entropy need the entropy's gradient, which dppo_divergence="
-                f"{self.dppo_divergence!r}'s chunked forward does not provide. Use 'binary_tv' or 'binary_kl', or set "
-                "entropy_coef=0.0 and use_adaptive_entropy=False."
-            )
-        if self.dppo_threshold is not None and self.dppo_threshold < 0:
-            raise ValueError(
-                f"dppo_threshold must be >= 0 (or None for the paper default), got {self.dppo_threshold}."
-            )
-        if self.dppo_is_cap is not None and self.dppo_is_cap < 1.0:
-            raise ValueError(
-                f"dppo_is_cap must be >= 1 (a cap on the ratio pi / mu_rollout below the on-policy ratio 1 shrinks "
-                f"every token's weight), got {self.dppo_is_cap}."
-            )
-        if self.maxrl_reward_threshold is not None and self.maxrl_reward_threshold < 0:
-            raise ValueError(f"maxrl_reward_threshold must be >= 0 (or None), got {self.maxrl_reward_threshold}.")
-        self._resolve_overlong_cache_length()
-        if self.advantage_estimator == "maxrl" and self.maxrl_reward_threshold is None:
-            for name, on in (
-                ("overlong_cache_length", self.overlong_cache_length is not None),
-                ("kl_in_reward", self.kl_in_reward and self.beta != 0.0),
-            ):
-                if on:
-                    raise ValueError(
-                        f"{name} shapes the reward, but advantage_estimator='maxrl' needs binary rewards. Turn "
-                        f"{name} off, or set maxrl_reward_threshold to binarize the shaped reward."
-                    )
-
-    def _validate_ordering(self) -> None:
-        """Bounds that only make sense in one order, each error naming the fields."""
-        epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
-        if self.policy_loss in ("clip", "gspo") and epsilon_high < self.epsilon:
-            raise ValueError(
-                f"epsilon_high={epsilon_high} is below epsilon={self.epsilon}: the clip's upper bound 1 + epsilon_high "
-                "would sit closer to 1 than its lower bound 1 - epsilon (DAPO's clip-higher is epsilon_high >= "
-                "epsilon). Raise epsilon_high, or lower epsilon."
-            )
-        if self.policy_loss == "cispo" and epsilon_high < 1.0:
-            raise ValueError(
-                f"epsilon_high={epsilon_high} is below 1 with policy_loss='cispo', where it is an absolute cap on the "
-                "importance ratio (TRL's semantics; the paper's 1 + eps_high): a cap below the on-policy ratio 1 "
-                "shrinks every token's weight. Use a cap >= 1 (TRL recommends 5.0; ScaleRL found 4, 5 and 8 alike)."
-            )
-        if self.delta is not None and self.delta <= 1.0:
-            raise ValueError(
-                f"delta={self.delta} must be > 1: it is the upper bound of two-sided clipping on the ratio, and a bound "
-                "at or below the on-policy ratio 1 cuts the gradient of every token (TRL recommends delta > 1 + "
-                "epsilon_high)."
-            )
-        if self.entropy_coef_min > self.entropy_coef_max:
-            raise ValueError(
-                f"entropy_coef_min={self.entropy_coef_min} is above entropy_coef_max={self.entropy_coef_max}."
-            )
-        if not 0.0 < self.top_entropy_quantile <= 1.0:
-            raise ValueError(f"top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile}.")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}.")
-
-    def _resolve_overlong_cache_length(self) -> None:
-        value = self.overlong_cache_length
-        if value is None:
-            return
-        if isinstance(value, str):
-            if value.lower() in ("none", "null"):
-                self.overlong_cache_length = None
-                return
-            if value == "auto":
-                if not self.max_completion_length:
-                    raise ValueError("overlong_cache_length='auto' needs max_completion_length to be set.")
-                value = max(1, round(_OVERLONG_AUTO_FRACTION * self.max_completion_length))
-            elif value.strip().isdigit():
-                value = int(value)
-            else:
-                raise ValueError(
-                    f"overlong_cache_length must be a positive int, 'auto' or None, got {self.overlong_cache_length!r}."
-                )
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"overlong_cache_length must be a positive int, 'auto' or None, got {value!r}.")
-        if self.max_completion_length is None or value > self.max_completion_length:
-            raise ValueError(
-                f"overlong_cache_length={value} must not exceed max_completion_length={self.max_completion_length}."
-            )
-        self.overlong_cache_length = value
 
 
 # Per-row multimodal/auxiliary inputs that TRL forwards to the model in the loss.
@@ -1705,17 +1218,3 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             )
         gathered = self.accelerator.gather(policy_loss.reshape(1))
         metrics["policy_loss"].append(gathered.mean().item())
-
-
-def preset_default(name: str, value: Any):
-    """A dataclass field that re-declares ``ReasoningConfig.name`` with a preset's default, keeping its help text."""
-    parent = ReasoningConfig.__dataclass_fields__[name]
-    return field(default=value, metadata=dict(parent.metadata))
-
-
-def bibtex(key: str, title: str, authors: str, year: int, arxiv_id: str) -> str:
-    """A BibTeX ``@article`` entry for an arXiv paper (used by the model card)."""
-    return (
-        f"@article{{{key},\n    title   = {{{{{title}}}}},\n    author  = {{{authors}}},\n"
-        f"    year    = {year},\n    eprint  = {{arXiv:{arxiv_id}}},\n}}"
-    )
