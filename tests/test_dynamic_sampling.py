@@ -320,3 +320,44 @@ def test_completions_table_logs_what_each_row_trains_with(tiny_model_path, tmp_p
     trained = sorted(abs(a) for a in recorder.batches[0]["advantages"].tolist())
     logged_nonzero = sorted(abs(a) for a in advantages if a != 0.0)
     assert set(logged_nonzero) <= {round(a, 6) for a in trained} | set(trained)
+
+
+def varied_format(completions, **kwargs) -> list[float]:
+    """An auxiliary reward that differs between completions of every group."""
+    return [(len(message_text(c)) % 3) / 2.0 for c in completions]
+
+
+@pytest.mark.parametrize("dynamic_sampling", [False, True], ids=["zero_variance_filtering", "dynamic_sampling"])
+def test_only_the_task_reward_decides_which_groups_train(tiny_model_path, tmp_path, dynamic_sampling):
+    """Correctness + a format reward: a group whose correctness is all equal trains nothing even though the format
+    reward (and so the combined reward) varies inside it; with the default task reward (all functions) it trains."""
+    dataset = flagged_prompts(2, 2)
+    batch = [dataset[i] for i in (0, 2) for _ in range(4)]  # "fixed 0": correctness all 1; "open 0": varied
+
+    def active_rows(**task):
+        trainer, recorder = _build(
+            tiny_model_path,
+            flagged_prompts(8, 8),
+            [flagged_reward, varied_format],
+            config_class=tr.ReasoningConfig,
+            trainer_class=tr.ReasoningTrainer,
+            output_dir=str(tmp_path),
+            zero_variance_filtering=not dynamic_sampling,
+            dynamic_sampling=dynamic_sampling,
+            max_num_gen_batches=1,
+            **task,
+        )
+        trainer.model.train()
+        torch.manual_seed(7)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tr.DynamicSamplingWarning)  # one round cannot fill the batch
+            inputs = trainer._generate_and_score_completions(batch)
+        combined = recorder.batches[0]["rewards"].view(2, 4)
+        assert all(len(set(group.tolist())) > 1 for group in combined)  # the combined reward varies in both
+        # Rows may be regrouped (dynamic sampling stacks the kept groups first): name each row by its prompt.
+        prompts = trainer.processing_class.batch_decode(inputs["prompt_ids"], skip_special_tokens=True)
+        weights = recorder.batches[0]["weights"]
+        return {"fixed" if "fixed" in text else "open" for text, w in zip(prompts, weights.tolist()) if w > 0}
+
+    assert active_rows(task_reward_funcs=["flagged_reward"]) == {"open"}
+    assert active_rows() == {"fixed", "open"}
