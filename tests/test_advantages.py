@@ -284,3 +284,13 @@ def test_maxrl_with_threshold_matches_reference_on_random_rewards(seed):
     rewards, num_generations = random_rewards(seed, binary=False)
     expected = reference_advantages(rewards.tolist(), num_generations, "maxrl", threshold=0.1)
     check(compute_advantages(rewards, num_generations, "maxrl", reward_threshold=0.1), expected)
+
+
+def test_estimators_take_the_options_they_declare():
+    rewards = torch.tensor([0.0, 1.0, 0.4, 0.9])
+    # One set of options for every estimator: each receives only the parameters it takes.
+    for name in ADVANTAGE_ESTIMATORS.names():
+        assert compute_advantages(rewards, 2, name, reward_threshold=0.5, epsilon=1e-4).shape == (4,)
+    binarized = compute_advantages(rewards, 2, "maxrl", reward_threshold=0.5)
+    assert binarized.tolist() == [-1.0, 1.0, -1.0, 1.0]
+    assert [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.trait(n, "binary_rewards")] == ["maxrl"]

@@ -455,3 +455,15 @@ def test_padding_values_do_not_change_the_aggregated_loss_or_gradient(name):
         results.append((total.detach(), grad))
     assert_close(results[0][0], results[1][0], **TIGHT)
     assert_close(results[0][1], results[1][1], **TIGHT)
+
+
+def test_losses_declare_what_they_need_instead_of_the_trainer_naming_them():
+    from trl_reasoning.losses import POLICY_LOSSES, required_inputs
+
+    assert required_inputs("dppo", divergence="topk_tv") == {"rollout_topk_logps"}
+    assert required_inputs("dppo", divergence="binary_kl") == frozenset()
+    assert all(required_inputs(name) == frozenset() for name in POLICY_LOSSES.names() if name != "dppo")
+    # Only DPPO's ratio is taken against the rollout engine (TRL's vLLM correction must not apply twice).
+    assert [n for n in POLICY_LOSSES.names() if POLICY_LOSSES.trait(n, "ratio_to_rollout", False)] == ["dppo"]
+    with pytest.raises(ValueError, match="Unknown policy loss 'ppo'"):
+        POLICY_LOSSES.trait("ppo", "ratio_to_rollout")

@@ -1,13 +1,16 @@
 """A tiny name -> function registry, shared by the math modules.
 
 Adding a variant (an advantage estimator, a policy loss, an aggregation) is one decorated function:
-the trainer looks functions up by the name given in the config, so nothing else changes.
+the trainer looks functions up by the name given in the config, so nothing else changes. What a variant needs from
+the trainer is declared, not special-cased by name: its keyword parameters are filled by name from what the trainer
+has (``kwargs_for``), and ``traits`` given at registration say what else it needs or changes (``trait``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Generic, TypeVar
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
@@ -18,17 +21,32 @@ class Registry(Generic[F]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._functions: dict[str, F] = {}
+        self._traits: dict[str, dict[str, Any]] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
-        """Decorator that registers ``fn`` under ``name``; a name can be registered once."""
+    def register(self, name: str, **traits: Any) -> Callable[[F], F]:
+        """Decorator that registers ``fn`` under ``name`` with optional ``traits``; a name can be registered once."""
 
         def decorator(fn: F) -> F:
             if name in self._functions:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
             self._functions[name] = fn
+            self._traits[name] = dict(traits)
             return fn
 
         return decorator
+
+    def trait(self, name: str, key: str, default: Any = None) -> Any:
+        """The trait ``key`` that ``name`` was registered with (``default`` when it has none)."""
+        self.get(name)  # an unknown name raises with the allowed values
+        return self._traits[name].get(key, default)
+
+    def kwargs_for(self, name: str, available: Mapping[str, Any]) -> dict[str, Any]:
+        """The entries of ``available`` that the function ``name`` takes as parameters (all of them when it takes
+        ``**kwargs``): callers offer everything they have and never branch on the name."""
+        parameters = inspect.signature(self.get(name)).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return dict(available)
+        return {key: value for key, value in available.items() if key in parameters}
 
     def get(self, name: str) -> F:
         """The function registered as ``name``; an unknown name raises a ``ValueError`` listing the known ones."""

@@ -41,7 +41,8 @@ def nan_std(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> t
     return std.reshape(()) if dim is None else std.squeeze(dim)
 
 
-def _grouped(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+def grouped_rewards(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """``rewards`` ``(N,)`` as ``(N / G, G)``, one row per group; a clear error for any other shape."""
     if rewards.dim() != 1:
         raise ValueError(
             f"rewards must be a 1-D tensor of one reward per completion, got shape {tuple(rewards.shape)}"
@@ -59,7 +60,7 @@ def grpo_advantages(rewards: torch.Tensor, num_generations: int, epsilon: float 
 
     Source: DeepSeekMath, arXiv 2402.03300 (outcome supervision, Sec. 4.1.2).
     """
-    grouped = _grouped(rewards, num_generations)
+    grouped = grouped_rewards(rewards, num_generations)
     mean = torch.nanmean(grouped, dim=1, keepdim=True)
     std = nan_std(grouped, dim=1, keepdim=True)
     # A group with a single scorable completion has no spread: its centred reward is 0 anyway.
@@ -73,7 +74,7 @@ def dr_grpo_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Ten
 
     Source: Understanding R1-Zero-Like Training, arXiv 2503.20783 (Sec. 3.1).
     """
-    grouped = _grouped(rewards, num_generations)
+    grouped = grouped_rewards(rewards, num_generations)
     return (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).view(-1)
 
 
@@ -85,14 +86,14 @@ def rloo_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor
     sibling gets ``NaN`` (turned into advantage 0 by :func:`compute_advantages`).
     Source: Ahmadian et al., Back to Basics, arXiv 2402.14740.
     """
-    grouped = _grouped(rewards, num_generations)
+    grouped = grouped_rewards(rewards, num_generations)
     count = (~torch.isnan(grouped)).sum(dim=1, keepdim=True)
     total = torch.nansum(grouped, dim=1, keepdim=True)
     baseline = (total - grouped) / (count - 1)
     return (grouped - baseline).view(-1)
 
 
-@ADVANTAGE_ESTIMATORS.register("maxrl")
+@ADVANTAGE_ESTIMATORS.register("maxrl", binary_rewards=True)
 def maxrl_advantages(
     rewards: torch.Tensor, num_generations: int, reward_threshold: float | None = None
 ) -> torch.Tensor:
@@ -112,7 +113,7 @@ def maxrl_advantages(
             f"The 'maxrl' estimator needs binary rewards (0 or 1), got e.g. {bad}. Set maxrl_reward_threshold to "
             "binarize them (reward >= threshold counts as a success)."
         )
-    grouped = _grouped(rewards, num_generations)
+    grouped = grouped_rewards(rewards, num_generations)
     success_rate = torch.nanmean(grouped, dim=1, keepdim=True)
     advantages = (grouped - success_rate) / success_rate
     return torch.where(success_rate > 0, advantages, torch.zeros_like(advantages)).view(-1)
@@ -124,7 +125,7 @@ def batch_normalized_advantages(rewards: torch.Tensor, num_generations: int, eps
 
     TRL's ``scale_rewards="batch"``. Source: ScaleRL, arXiv 2510.13786 (batch-level advantage normalization).
     """
-    grouped = _grouped(rewards, num_generations)
+    grouped = grouped_rewards(rewards, num_generations)
     std = torch.nan_to_num(nan_std(rewards), nan=0.0)
     return ((grouped - torch.nanmean(grouped, dim=1, keepdim=True)) / (std + epsilon)).view(-1)
 
@@ -140,7 +141,7 @@ def scalerl_advantages(rewards: torch.Tensor, num_generations: int, epsilon: flo
 
     Source: ScaleRL, arXiv 2510.13786, §4 ("Â_std is the standard deviation of all advantages Â_i in a batch").
     """
-    grouped = _grouped(rewards, num_generations)
+    grouped = grouped_rewards(rewards, num_generations)
     centred = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).view(-1)
     std = torch.nan_to_num(nan_std(centred), nan=0.0)
     return centred / (std + epsilon)
@@ -155,13 +156,15 @@ def compute_advantages(rewards: torch.Tensor, num_generations: int, estimator: s
         num_generations: the group size ``G``. With ``G == 1`` (possible in evaluation) there is no baseline and
             every advantage is 0.
         estimator: a name in ``ADVANTAGE_ESTIMATORS``.
-        **kwargs: passed to the estimator (``epsilon``, ``reward_threshold``).
+        **kwargs: offered to the estimator; it receives those it takes as parameters (``epsilon``,
+            ``reward_threshold``), so a caller can pass one set of options whatever the estimator.
 
     Returns:
         ``(N,)`` advantages, ``0`` wherever the estimator gave ``NaN`` (unscorable completions).
     """
     fn = ADVANTAGE_ESTIMATORS.get(estimator)
     if num_generations < 2:
-        _grouped(rewards, num_generations)
+        grouped_rewards(rewards, num_generations)
         return torch.zeros_like(rewards)
+    kwargs = ADVANTAGE_ESTIMATORS.kwargs_for(estimator, kwargs)
     return torch.nan_to_num(fn(rewards, num_generations, **kwargs), nan=0.0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -25,9 +26,6 @@ POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 #: DPPO divergence name -> default threshold delta (DPPO, arXiv 2602.04879). The top-K variants reuse the binary
 #: thresholds of the same divergence (TV 0.15, KL 0.05).
 DPPO_DEFAULT_THRESHOLDS = {"binary_tv": 0.15, "binary_kl": 0.05, "topk_tv": 0.15, "topk_kl": 0.05}
-
-#: Number of rollout tokens tracked by DPPO's top-K divergences (``rollout_topk(k=...)``).
-DPPO_TOPK = 20
 
 
 def topk_divergence(
@@ -209,7 +207,13 @@ def dppo_divergence_mask(
     return (~blocked).to(logps.dtype), div
 
 
-@POLICY_LOSSES.register("dppo")
+def _dppo_required_inputs(divergence: str = "binary_tv", **_: Any) -> frozenset[str]:
+    return frozenset({"rollout_topk_logps"}) if divergence.startswith("topk_") else frozenset()
+
+
+# ratio_to_rollout: the ratio is already taken against the rollout engine's log-probs, so TRL's vLLM
+# importance-sampling correction must not be applied on top. required_inputs: what generation must store.
+@POLICY_LOSSES.register("dppo", ratio_to_rollout=True, required_inputs=_dppo_required_inputs)
 def dppo_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -297,6 +301,13 @@ def gspo_loss(
     lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1)
     ratio = torch.exp(_sequence_log_ratio_sum(logps, old_logps, mask) / lengths)
     return _clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high, None, stats).expand_as(logps)
+
+
+def required_inputs(name: str, **loss_kwargs: Any) -> frozenset[str]:
+    """What the policy loss ``name``, configured with ``loss_kwargs`` (e.g. ``divergence``), needs stored at
+    generation time beyond TRL's batch: ``{"rollout_topk_logps"}`` for DPPO's top-K divergences, else nothing."""
+    declared = POLICY_LOSSES.trait(name, "required_inputs")
+    return frozenset() if declared is None else frozenset(declared(**loss_kwargs))
 
 
 def compute_policy_loss(

@@ -19,14 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-
-def _grouped(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
-    if rewards.dim() != 1 or rewards.numel() % num_generations != 0:
-        raise ValueError(
-            f"Expected a 1-D tensor of rewards whose length is a multiple of num_generations={num_generations}, got "
-            f"shape {tuple(rewards.shape)}."
-        )
-    return rewards.reshape(-1, num_generations)
+from .advantages import grouped_rewards
 
 
 def informative_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
@@ -35,7 +28,7 @@ def informative_groups(rewards: torch.Tensor, num_generations: int) -> torch.Ten
     A group with fewer than two scored (non-``NaN``) completions has nothing to compare and counts as
     uninformative: its advantages are all zero under every group-relative estimator.
     """
-    grouped = _grouped(rewards, num_generations)
+    grouped = grouped_rewards(rewards, num_generations)
     scored = ~torch.isnan(grouped)
     high = torch.where(scored, grouped, torch.full_like(grouped, -torch.inf)).amax(dim=1)
     low = torch.where(scored, grouped, torch.full_like(grouped, torch.inf)).amin(dim=1)
@@ -47,7 +40,7 @@ def group_pass_rates(rewards: torch.Tensor, num_generations: int) -> torch.Tenso
 
     With a 0/1 (or ±1) correctness reward this is the prompt's pass rate, as ScaleRL's no-positive-resampling uses.
     """
-    grouped = _grouped(rewards, num_generations)
+    grouped = grouped_rewards(rewards, num_generations)
     scored = ~torch.isnan(grouped)
     passed = (grouped > 0) & scored
     counts = scored.sum(dim=1)

@@ -37,7 +37,7 @@ from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head
 
-from .advantages import compute_advantages
+from .advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from .aggregation import aggregate_loss, completion_weights
 from .config import ReasoningConfig
 from .lm_head import cast_lm_head_to_fp32, unwrap_peft
@@ -49,7 +49,7 @@ from .logits import (
     rollout_topk_from_engine,
     rollout_topk_from_hidden,
 )
-from .losses import POLICY_LOSSES, compute_policy_loss
+from .losses import POLICY_LOSSES, compute_policy_loss, required_inputs
 from .model_card import ReasoningModelCardMixin
 from .rewards import (
     RewardFunctionError,
@@ -480,9 +480,9 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         ``active_groups`` is ``None``); the rows of this process go into ``output``. Returns the gathered
         advantages."""
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        estimator_kwargs = {}
-        if self.args.advantage_estimator == "maxrl":
-            estimator_kwargs["reward_threshold"] = self.args.maxrl_reward_threshold
+        estimator_kwargs = {
+            "reward_threshold": self.args.maxrl_reward_threshold
+        }  # taken by the estimators that need it
         loss_mask = (
             output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
         )
@@ -736,18 +736,21 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         unscorable = torch.isnan(combined)
         rewards = combined.clone()
 
-        if args.advantage_estimator == "maxrl" and args.maxrl_reward_threshold is None:
+        if (
+            ADVANTAGE_ESTIMATORS.trait(args.advantage_estimator, "binary_rewards")
+            and args.maxrl_reward_threshold is None
+        ):
             offenders = non_binary_reward_functions(rewards_per_func, self.reward_func_names)
             if offenders:
                 raise RewardFunctionError(
-                    "MaxRL needs binary rewards (0 or 1), but "
+                    f"advantage_estimator={args.advantage_estimator!r} needs binary rewards (0 or 1), but "
                     + "; ".join(f"reward function '{name}' returned {value}" for name, value in offenders)
                     + ". Set maxrl_reward_threshold to binarize them (reward >= threshold counts as a success)."
                 )
             scored = rewards[~unscorable]
             if not bool(((scored == 0) | (scored == 1)).all()):
                 raise RewardFunctionError(
-                    "MaxRL needs binary rewards, but the weighted sum of the reward functions "
+                    f"advantage_estimator={args.advantage_estimator!r} needs binary rewards, but the weighted sum of the reward functions "
                     f"({', '.join(self.reward_func_names)}; reward_weights={weights.tolist()}) is not 0 or 1. Use one "
                     "binary reward function, or set maxrl_reward_threshold."
                 )
@@ -856,7 +859,11 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             per_token_loss = per_token_loss * entropy_mask
         # DPPO's own ratio is already taken against the rollout engine's probabilities: correcting again would
         # count the vLLM mismatch twice.
-        if self.use_vllm and self.vllm_importance_sampling_correction and args.policy_loss != "dppo":
+        if (
+            self.use_vllm
+            and self.vllm_importance_sampling_correction
+            and not POLICY_LOSSES.trait(args.policy_loss, "ratio_to_rollout", False)
+        ):
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
 
         kl_in_loss = self.beta != 0.0 and not args.kl_in_reward
@@ -940,7 +947,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ DPPO top-K divergence
     @property
     def _uses_topk_divergence(self) -> bool:
-        return self.args.policy_loss == "dppo" and self.args.dppo_divergence.startswith("topk")
+        return "rollout_topk_logps" in required_inputs(self.args.policy_loss, divergence=self.args.dppo_divergence)
 
     def _final_hidden_states(self, model, input_ids, attention_mask, num_completion_tokens, compute_aux_loss):
         """One forward that keeps logits for the last position only. Returns the final hidden states of the positions
