@@ -37,8 +37,9 @@ from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head
 
-from .advantages import ADVANTAGE_ESTIMATORS, compute_advantages
-from .aggregation import aggregate_loss, completion_weights
+from .advantages import ADVANTAGE_ESTIMATORS
+from .aggregation import aggregate_loss
+from .batch import batch_advantages_and_weights, left_padded, pad_value, stack_rows
 from .config import ReasoningConfig
 from .lm_head import cast_lm_head_to_fp32, unwrap_peft
 from .logits import (
@@ -232,37 +233,6 @@ class NonFiniteLossWarning(UserWarning):
 
 class DynamicSamplingWarning(UserWarning):
     """Dynamic sampling ran out of generation rounds before the batch was full of informative groups."""
-
-
-def _left_padded(key: str) -> bool:
-    return key.startswith("prompt_")  # TRL left-pads prompts and right-pads completions
-
-
-def _pad_value(key: str, pad_token_id: int) -> int:
-    return pad_token_id if key.endswith("_ids") else 0
-
-
-def _stack_rows(
-    batches: list[dict[str, torch.Tensor]], sources: list[tuple[int, int]], pad_token_id: int
-) -> dict[str, torch.Tensor]:
-    """Rows ``batches[b][key][i]`` for ``(b, i)`` in ``sources``, stacked per key and padded to a common length
-    (left for prompts, right for completions)."""
-    stacked = {}
-    for key in batches[0]:
-        picked = [batches[b][key][i] for b, i in sources]
-        if picked[0].dim() == 0:
-            stacked[key] = torch.stack(picked)
-            continue
-        length = max(row.shape[0] for row in picked)
-        value = _pad_value(key, pad_token_id)
-        padded = []
-        for row in picked:
-            pad = [0] * (2 * (row.dim() - 1)) + (
-                [length - row.shape[0], 0] if _left_padded(key) else [0, length - row.shape[0]]
-            )
-            padded.append(torch.nn.functional.pad(row, pad, value=value))
-        stacked[key] = torch.stack(padded)
-    return stacked
 
 
 class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
@@ -480,36 +450,22 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         ``active_groups`` is ``None``); the rows of this process go into ``output``. Returns the gathered
         advantages."""
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        estimator_kwargs = {
-            "reward_threshold": self.args.maxrl_reward_threshold
-        }  # taken by the estimators that need it
         loss_mask = (
             output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
         )
         token_counts = self.accelerator.gather(loss_mask.sum(dim=1).float())
 
-        if active_groups is None:
-            advantages = compute_advantages(
-                rewards, num_generations, self.args.advantage_estimator, **estimator_kwargs
-            )
-            weights = completion_weights(
-                token_counts, self.args.loss_aggregation, num_generations, self.args.max_completion_length
-            )
-        else:
-            # Inactive groups train nothing: zero advantage and weight, and the normalizers see only active groups.
-            active_rows = active_groups.to(rewards.device).repeat_interleave(num_generations)
-            advantages = torch.zeros_like(rewards)
-            weights = torch.zeros_like(token_counts)
-            if bool(active_rows.any()):
-                advantages[active_rows] = compute_advantages(
-                    rewards[active_rows], num_generations, self.args.advantage_estimator, **estimator_kwargs
-                )
-                weights[active_rows] = completion_weights(
-                    token_counts[active_rows],
-                    self.args.loss_aggregation,
-                    num_generations,
-                    self.args.max_completion_length,
-                )
+        advantages, weights, active_rows = batch_advantages_and_weights(
+            rewards,
+            token_counts,
+            num_generations,
+            self.args.advantage_estimator,
+            self.args.loss_aggregation,
+            self.args.max_completion_length,
+            active_groups,
+            reward_threshold=self.args.maxrl_reward_threshold,  # offered; taken by the estimators that declare it
+        )
+        if active_rows is not None:
             output["row_active"] = active_rows[local_rows].to(loss_mask.dtype)
         output["advantages"] = advantages[local_rows]
         output["loss_weights"] = weights[local_rows]
@@ -555,7 +511,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             for g in chosen
             for j in range(num_generations)
         ]
-        batch = _stack_rows([rows for rows, _, _ in rounds], row_sources, self._tokenizer.pad_token_id)
+        batch = stack_rows([rows for rows, _, _ in rounds], row_sources, self._tokenizer.pad_token_id)
         rewards = torch.stack([rounds[r][1][i] for r, i in row_sources])
 
         cap_hit = num_informative < target
@@ -603,7 +559,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
                 )
             if value.dim() >= 2:
                 value = self.accelerator.pad_across_processes(
-                    value, dim=1, pad_index=_pad_value(key, self._tokenizer.pad_token_id), pad_first=_left_padded(key)
+                    value, dim=1, pad_index=pad_value(key, self._tokenizer.pad_token_id), pad_first=left_padded(key)
                 )
             rows[key] = self.accelerator.gather(value)
         return rows

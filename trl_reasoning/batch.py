@@ -1,0 +1,96 @@
+"""Floor 0, the batch: advantages and loss weights of a gathered batch and its active groups, and row regrouping.
+
+Pure tensors, no trainer: the seam hands in the gathered rewards and token counts, gets the per-row advantages and
+loss weights ``w_i`` back (``shared/ALGORITHMS.md``, "Loss aggregation": fixed on the whole global batch), and scatters
+this process's rows. Dynamic sampling builds its batch from rows of several generation rounds with ``stack_rows``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .advantages import compute_advantages
+from .aggregation import completion_weights
+
+
+def batch_advantages_and_weights(
+    rewards: torch.Tensor,
+    token_counts: torch.Tensor,
+    num_generations: int,
+    estimator: str,
+    aggregation: str,
+    max_completion_length: int | None,
+    active_groups: torch.Tensor | None = None,
+    **estimator_kwargs,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Advantages and loss weights of every completion of a gathered batch.
+
+    With ``active_groups`` (one bool per group), inactive groups train nothing: their advantages and weights are 0 and
+    both the estimator and the aggregation's normaliser see only the active groups (a filtered group must not shrink
+    the batch std or the token count). Without it every group is active.
+
+    Args:
+        rewards: ``(N,)`` shaped rewards, groups of ``num_generations`` consecutive (``NaN`` = unscorable).
+        token_counts: ``(N,)`` completion tokens that count in the loss.
+        num_generations: the group size ``G``.
+        estimator: a name in ``ADVANTAGE_ESTIMATORS``; ``estimator_kwargs`` are offered to it by name.
+        aggregation: a name in ``AGGREGATIONS``.
+        max_completion_length: ``L_max`` of the constant-length normalisers.
+        active_groups: ``(N / G,)`` bool, or ``None``.
+
+    Returns:
+        ``(advantages, weights, active_rows)``: ``(N,)`` each; ``active_rows`` is ``None`` without ``active_groups``.
+    """
+    if active_groups is None:
+        advantages = compute_advantages(rewards, num_generations, estimator, **estimator_kwargs)
+        weights = completion_weights(token_counts, aggregation, num_generations, max_completion_length)
+        return advantages, weights, None
+    active_rows = active_groups.to(device=rewards.device, dtype=torch.bool).repeat_interleave(num_generations)
+    if active_rows.shape != rewards.shape:
+        raise ValueError(
+            f"active_groups has {active_groups.numel()} groups of {num_generations}, but the batch has "
+            f"{rewards.numel()} completions"
+        )
+    advantages = torch.zeros_like(rewards)
+    weights = torch.zeros_like(token_counts)
+    if bool(active_rows.any()):
+        advantages[active_rows] = compute_advantages(
+            rewards[active_rows], num_generations, estimator, **estimator_kwargs
+        )
+        weights[active_rows] = completion_weights(
+            token_counts[active_rows], aggregation, num_generations, max_completion_length
+        )
+    return advantages, weights, active_rows
+
+
+def left_padded(key: str) -> bool:
+    """Whether TRL pads the per-row tensor ``key`` on the left."""
+    return key.startswith("prompt_")  # TRL left-pads prompts and right-pads completions
+
+
+def pad_value(key: str, pad_token_id: int) -> int:
+    """The padding value of ``key``: the pad token for ids, 0 for masks, log-probs and the rest."""
+    return pad_token_id if key.endswith("_ids") else 0
+
+
+def stack_rows(
+    batches: list[dict[str, torch.Tensor]], sources: list[tuple[int, int]], pad_token_id: int
+) -> dict[str, torch.Tensor]:
+    """Rows ``batches[b][key][i]`` for ``(b, i)`` in ``sources``, stacked per key and padded to a common length
+    (left for prompts, right for completions)."""
+    stacked = {}
+    for key in batches[0]:
+        picked = [batches[b][key][i] for b, i in sources]
+        if picked[0].dim() == 0:
+            stacked[key] = torch.stack(picked)
+            continue
+        length = max(row.shape[0] for row in picked)
+        value = pad_value(key, pad_token_id)
+        padded = []
+        for row in picked:
+            pad = [0] * (2 * (row.dim() - 1)) + (
+                [length - row.shape[0], 0] if left_padded(key) else [0, length - row.shape[0]]
+            )
+            padded.append(torch.nn.functional.pad(row, pad, value=value))
+        stacked[key] = torch.stack(padded)
+    return stacked
