@@ -10,13 +10,18 @@ import torch
 from trl.trainer.utils import RepeatSampler
 
 from trl_reasoning.sampling import (
+    GROUP_SELECTIONS,
     EpochRepeatSampler,
+    GroupSelection,
     PromptStream,
     RetiredPrompts,
+    SampledRound,
     eligible_indices,
     group_pass_rates,
+    group_selection_name,
     informative_groups,
     prompt_key,
+    sample_groups,
     select_groups,
 )
 
@@ -167,3 +172,79 @@ def test_prompt_stream_skips_retired_prompts_from_its_next_pass():
     stream.remaining = []
     with pytest.raises(RuntimeError, match="no prompt left"):
         stream.take(1)
+
+
+# ---------------------------------------------------------------------------------------------------- group selection
+
+
+def _rounds(*flags_per_round, num_generations=2):
+    """score_round for sample_groups: round i has the informative flags flags_per_round[i] (rewards 0 1 or 1 1)."""
+    calls = []
+
+    def score_round(index):
+        calls.append(index)
+        flags = torch.tensor(flags_per_round[index])
+        rewards = torch.stack([torch.tensor([0.0, 1.0]) if f else torch.tensor([1.0, 1.0]) for f in flags]).flatten()
+        return SampledRound(rows=f"round {index}", rewards=rewards, informative=flags)
+
+    return score_round, calls
+
+
+def test_all_groups_train_from_one_round():
+    score_round, calls = _rounds([True, False, True], [True, True, True])
+    plan = sample_groups("all", score_round, target=3, max_rounds=5)
+    assert calls == [0] and plan.chosen == [0, 1, 2] and plan.active is None
+    assert not plan.regroup and not plan.cap_hit
+
+
+def test_zero_variance_filtering_drops_without_generating_more():
+    score_round, calls = _rounds([True, False, True], [True, True, True])
+    plan = sample_groups("zero_variance", score_round, target=3, max_rounds=5)
+    assert calls == [0] and plan.active.tolist() == [True, False, True] and not plan.regroup
+
+
+def test_dynamic_sampling_generates_until_the_batch_is_full_then_keeps_exactly_the_target():
+    score_round, calls = _rounds([True, False, False], [False, True, False], [True, True, True], [True, True, True])
+    plan = sample_groups("dynamic", score_round, target=3, max_rounds=5)
+    assert calls == [0, 1, 2]  # 1 + 1 + 3 informative groups: enough after the third round
+    assert plan.chosen == [0, 4, 6] and plan.active.tolist() == [True, True, True] and not plan.cap_hit
+    # Group 4 is the second group of round 1, group 6 the first of round 2: rows (round, row) for the batch.
+    assert plan.row_sources(2) == [(0, 0), (0, 1), (1, 2), (1, 3), (2, 0), (2, 1)]
+
+
+def test_dynamic_sampling_out_of_rounds_fills_with_inactive_groups():
+    score_round, calls = _rounds([False, True, False], [False, False, False])
+    plan = sample_groups("dynamic", score_round, target=3, max_rounds=2)
+    assert calls == [0, 1] and plan.cap_hit
+    assert plan.chosen == [1, 0, 2] and plan.active.tolist() == [True, False, False]
+
+
+def test_a_new_strategy_is_one_class_and_one_registry_line():
+    @GROUP_SELECTIONS.register("first_informative_round")
+    class FirstInformativeRound(GroupSelection):  # regenerate until a round has any informative group, train it all
+        regroup = True
+
+        def rounds(self, limit):
+            return limit
+
+        def enough(self, rounds, target):
+            return bool(rounds[-1].informative.any())
+
+        def select(self, informative, target):
+            return list(range(informative.numel() - target, informative.numel())), None
+
+    try:
+        score_round, calls = _rounds([False, False], [False, True], [True, True])
+        plan = sample_groups("first_informative_round", score_round, target=2, max_rounds=3)
+        assert calls == [0, 1] and plan.chosen == [2, 3] and plan.row_sources(2)[0] == (1, 0)
+    finally:
+        GROUP_SELECTIONS._functions.pop("first_informative_round")
+        GROUP_SELECTIONS._traits.pop("first_informative_round")
+
+
+def test_the_config_switches_name_the_strategy():
+    assert group_selection_name(False, False) == "all"
+    assert group_selection_name(False, True) == "zero_variance"
+    assert group_selection_name(True, False) == group_selection_name(True, True) == "dynamic"
+    with pytest.raises(ValueError, match="Unknown group selection 'replace'. Allowed values: all, zero_variance"):
+        sample_groups("replace", _rounds([True])[0], target=1, max_rounds=1)

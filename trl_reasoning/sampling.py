@@ -14,11 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import Sampler
 
+from ._registry import Registry
 from .advantages import grouped_rewards
 
 
@@ -64,6 +66,129 @@ def select_groups(informative: Sequence[bool], target: int) -> tuple[list[int], 
     fillers = [i for i, flag in enumerate(informative) if not flag][:missing]
     chosen = kept + fillers
     return chosen, [True] * len(kept) + [False] * len(fillers)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Group selection: which generated groups a step trains on, and whether to generate more
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SampledRound:
+    """One generation round as a selection strategy sees it: the round's ``rows`` (opaque here), its gathered shaped
+    ``rewards`` ``(N,)`` and ``informative`` ``(N / G,)`` bool (task rewards not all equal)."""
+
+    rows: Any
+    rewards: torch.Tensor
+    informative: torch.Tensor
+
+
+@dataclass
+class GroupPlan:
+    """The outcome of :func:`sample_groups`: the rounds generated, the groups chosen for the batch (indices over all
+    rounds' groups, in batch order), which of them train (``None``: all, no selection was made), whether the rounds
+    ran out before the batch was full, and whether the batch has to be rebuilt from the rounds' rows."""
+
+    rounds: list[SampledRound]
+    chosen: list[int]
+    active: torch.Tensor | None
+    cap_hit: bool
+    regroup: bool
+
+    @property
+    def informative(self) -> torch.Tensor:
+        return torch.cat([r.informative for r in self.rounds])
+
+    def row_sources(self, num_generations: int) -> list[tuple[int, int]]:
+        """``(round, row within the round)`` of every row of the batch, group by group."""
+        round_of_group = [index for index, r in enumerate(self.rounds) for _ in range(r.informative.numel())]
+        first_group = [0]
+        for r in self.rounds[:-1]:
+            first_group.append(first_group[-1] + r.informative.numel())
+        return [
+            (round_of_group[g], (g - first_group[round_of_group[g]]) * num_generations + j)
+            for g in self.chosen
+            for j in range(num_generations)
+        ]
+
+
+class GroupSelection:
+    """A group-selection strategy. This base trains every group of one round; subclasses override what differs.
+
+    ``rounds(limit)`` caps the generation rounds (``limit`` = ``max_num_gen_batches``), ``enough`` stops them early,
+    ``select`` picks the groups (and which of them train), ``regroup`` says whether the batch is rebuilt from the
+    rounds' rows (necessarily so when more than one round may run).
+    """
+
+    regroup = False
+
+    def rounds(self, limit: int) -> int:
+        return 1
+
+    def enough(self, rounds: list[SampledRound], target: int) -> bool:
+        return True
+
+    def select(self, informative: torch.Tensor, target: int) -> tuple[list[int], torch.Tensor | None]:
+        return list(range(informative.numel())), None
+
+
+GROUP_SELECTIONS: Registry[type[GroupSelection]] = Registry("group selection")
+
+
+@GROUP_SELECTIONS.register("all")
+class AllGroups(GroupSelection):
+    """Every group trains (GRPO, TRL's behaviour)."""
+
+
+@GROUP_SELECTIONS.register("zero_variance")
+class ZeroVarianceFiltering(GroupSelection):
+    """ScaleRL's zero-variance filtering: groups whose task rewards are all equal train nothing; nothing more is
+    generated (ScaleRL §3.2)."""
+
+    def select(self, informative: torch.Tensor, target: int) -> tuple[list[int], torch.Tensor | None]:
+        return list(range(informative.numel())), informative.clone()
+
+
+@GROUP_SELECTIONS.register("dynamic")
+class DynamicSampling(GroupSelection):
+    """DAPO's dynamic sampling: generate until ``target`` informative groups, at most ``limit`` rounds; keep exactly
+    ``target`` groups, uninformative fillers (weight 0) when the rounds ran out (DAPO §3.2 Eq. 11)."""
+
+    regroup = True
+
+    def rounds(self, limit: int) -> int:
+        return limit
+
+    def enough(self, rounds: list[SampledRound], target: int) -> bool:
+        return sum(int(r.informative.sum()) for r in rounds) >= target
+
+    def select(self, informative: torch.Tensor, target: int) -> tuple[list[int], torch.Tensor | None]:
+        chosen, active = select_groups(informative.tolist(), target)
+        return chosen, torch.tensor(active, dtype=torch.bool, device=informative.device)
+
+
+def group_selection_name(dynamic_sampling: bool, zero_variance_filtering: bool) -> str:
+    """The strategy a config's switches ask for (dynamic sampling already drops uninformative groups)."""
+    if dynamic_sampling:
+        return "dynamic"
+    return "zero_variance" if zero_variance_filtering else "all"
+
+
+def sample_groups(
+    strategy: str, score_round: Callable[[int], SampledRound], target: int, max_rounds: int
+) -> GroupPlan:
+    """Run generation rounds with ``score_round(round_index)`` as the strategy ``strategy`` asks, then choose the
+    batch's ``target`` groups. Every decision reads only gathered rewards, so all processes take the same ones."""
+    selection = GROUP_SELECTIONS.get(strategy)()
+    rounds: list[SampledRound] = []
+    for index in range(selection.rounds(max_rounds)):
+        rounds.append(score_round(index))
+        if selection.enough(rounds, target):
+            break
+    informative = torch.cat([r.informative for r in rounds])
+    chosen, active = selection.select(informative, target)
+    cap_hit = selection.regroup and not selection.enough(rounds, target)
+    return GroupPlan(rounds, chosen, active, cap_hit, selection.regroup)
 
 
 def prompt_key(prompt: Any) -> str:

@@ -61,12 +61,15 @@ from .rewards import (
 )
 from .sampling import (
     EpochRepeatSampler,
+    GroupPlan,
     PromptStream,
     RetiredPrompts,
+    SampledRound,
     group_pass_rates,
+    group_selection_name,
     informative_groups,
     prompt_key,
-    select_groups,
+    sample_groups,
 )
 
 logger = logging.getLogger(__name__)
@@ -282,6 +285,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
         ]
         self._task_reward_columns = self._resolve_task_reward_columns()
+        self._group_selection = group_selection_name(self.args.dynamic_sampling, self.args.zero_variance_filtering)
         self._scored_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         # Sampling state (saved in checkpoints): ScaleRL's retired prompts and DAPO's extra-prompt stream.
         self._retired_prompts = RetiredPrompts()
@@ -384,18 +388,26 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ TRL private override 2 of 6
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
-        if mode == "train" and self.args.dynamic_sampling:
-            return self._dynamic_sampling_batch(inputs)
-        output, rewards, task_rewards = self._score_round(inputs, mode)
-        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        active = None
-        if mode == "train":
-            informative = informative_groups(task_rewards, num_generations)
-            self._retire_passing_prompts(inputs, task_rewards)
-            if self.args.zero_variance_filtering:
-                active = informative
-            self._log_sampling_metrics(1, informative, active if active is not None else torch.ones_like(informative))
-        self._finalize_batch(output, rewards, active, mode, self._local_rows(output["advantages"].shape[0]))
+        if mode == "eval":
+            output, rewards, _ = self._score_round(inputs, mode)
+            self._finalize_batch(output, rewards, None, mode, self._local_rows(output["advantages"].shape[0]))
+            return output
+        local_size = len(inputs)
+
+        def score_round(index: int) -> SampledRound:
+            round_inputs = inputs if index == 0 else self._extra_round_inputs(local_size, template=inputs[0])
+            output, rewards, task_rewards = self._score_round(round_inputs, mode)
+            self._retire_passing_prompts(round_inputs, task_rewards)
+            return SampledRound(output, rewards, informative_groups(task_rewards, self.num_generations))
+
+        target = local_size * self.accelerator.num_processes // self.num_generations
+        plan = sample_groups(self._group_selection, score_round, target, self.args.max_num_gen_batches)
+        active = plan.active if plan.active is not None else torch.ones_like(plan.informative)
+        self._log_sampling_metrics(len(plan.rounds), plan.informative, active, cap_hit=plan.cap_hit)
+        if plan.regroup:
+            return self._regrouped_batch(plan, local_size)
+        output = plan.rounds[0].rows
+        self._finalize_batch(output, plan.rounds[0].rewards, plan.active, mode, self._local_rows(local_size))
         return output
 
     def _score_round(self, inputs, mode: str) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -477,50 +489,22 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         return advantages
 
     # ------------------------------------------------------------------ sampling: DAPO and ScaleRL
-    def _dynamic_sampling_batch(self, inputs):
-        """DAPO's dynamic sampling: generation rounds until the batch holds its number of informative groups.
-
-        Every decision is taken on gathered rewards, so all processes run the same rounds and end with the same
-        number of rows; the chosen groups are regrouped across processes (gather, then each takes its slice).
-        """
-        args = self.args
-        num_generations = self.num_generations
-        local_size = len(inputs)
-        target = local_size * self.accelerator.num_processes // num_generations
-        rounds: list[tuple[dict, torch.Tensor, torch.Tensor]] = []
-        round_inputs = inputs
-        num_informative = 0
-        for round_index in range(args.max_num_gen_batches):
-            if round_index > 0:
-                round_inputs = self._extra_round_inputs(local_size, template=inputs[0])
-            output, rewards, task_rewards = self._score_round(round_inputs, "train")
-            self._logs["advantages"].extend([0.0] * rewards.numel())  # placeholders, set below for the last round
-            informative = informative_groups(task_rewards, num_generations)
-            self._retire_passing_prompts(round_inputs, task_rewards)
-            rounds.append((self._gather_rows(output, local_size), rewards, informative))
-            num_informative += int(informative.sum())
-            if num_informative >= target:
-                break
-
-        flags = torch.cat([informative for _, _, informative in rounds])
-        chosen, active = select_groups(flags.tolist(), target)
-        round_of_group = [r for r, (_, _, informative) in enumerate(rounds) for _ in range(informative.numel())]
-        first_group = [sum(rounds[i][2].numel() for i in range(r)) for r in range(len(rounds))]
-        row_sources = [
-            (round_of_group[g], (g - first_group[round_of_group[g]]) * num_generations + j)
-            for g in chosen
-            for j in range(num_generations)
-        ]
-        batch = stack_rows([rows for rows, _, _ in rounds], row_sources, self._tokenizer.pad_token_id)
-        rewards = torch.stack([rounds[r][1][i] for r, i in row_sources])
-
-        cap_hit = num_informative < target
-        if cap_hit:
+    def _regrouped_batch(self, plan: GroupPlan, local_size: int) -> dict[str, torch.Tensor]:
+        """The batch of the groups ``plan`` chose from several rounds: every round's rows gathered from all processes,
+        the chosen ones stacked, and this process's slice kept (all processes hold the same plan)."""
+        rows = [self._gather_rows(r.rows, local_size) for r in plan.rounds]
+        for r in plan.rounds:  # placeholders in the completions table, set below for the last round
+            self._logs["advantages"].extend([0.0] * r.rewards.numel())
+        row_sources = plan.row_sources(self.num_generations)
+        batch = stack_rows(rows, row_sources, self._tokenizer.pad_token_id)
+        rewards = torch.stack([plan.rounds[r].rewards[i] for r, i in row_sources])
+        if plan.cap_hit:
+            informative = int(plan.informative.sum())
             warnings.warn(
-                f"Dynamic sampling found {num_informative} informative groups (rewards not all equal) in "
-                f"max_num_gen_batches={args.max_num_gen_batches} generation rounds, fewer than the {target} this batch "
-                "needs. The step trains on those; the missing groups are fillers with loss weight 0. Raise "
-                "max_num_gen_batches, or check that the reward can tell completions apart.",
+                f"Dynamic sampling found {informative} informative groups (rewards not all equal) in "
+                f"max_num_gen_batches={self.args.max_num_gen_batches} generation rounds, fewer than the "
+                f"{len(plan.chosen)} this batch needs. The step trains on those; the missing groups are fillers with "
+                "loss weight 0. Raise max_num_gen_batches, or check that the reward can tell completions apart.",
                 DynamicSamplingWarning,
                 stacklevel=2,
             )
@@ -530,13 +514,11 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
         )
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-        active_groups = torch.tensor(active, dtype=torch.bool, device=rewards.device)
-        self._log_sampling_metrics(len(rounds), flags, active_groups, cap_hit=cap_hit)
-        advantages = self._finalize_batch(output, rewards, active_groups, "train", local_rows, log_advantages=False)
+        advantages = self._finalize_batch(output, rewards, plan.active, "train", local_rows, log_advantages=False)
         # The completions table keeps the last round's rows (its deques hold one batch): log what each of them
         # trains with, 0 for the groups that were dropped.
-        last_round = len(rounds) - 1
-        logged_values = [0.0] * rounds[last_round][1].numel()
+        last_round = len(plan.rounds) - 1
+        logged_values = [0.0] * plan.rounds[last_round].rewards.numel()
         for position, (round_index, row) in enumerate(row_sources):
             if round_index == last_round:
                 logged_values[row] = advantages[position].item()
