@@ -361,3 +361,13 @@ def test_only_the_task_reward_decides_which_groups_train(tiny_model_path, tmp_pa
 
     assert active_rows(task_reward_funcs=["flagged_reward"]) == {"open"}
     assert active_rows() == {"fixed", "open"}
+
+
+def test_a_warning_during_training_points_at_the_users_line(tiny_model_path, tmp_path):
+    trainer, _ = _build(
+        tiny_model_path, flagged_prompts(4, 0), constant_reward, output_dir=str(tmp_path), max_steps=1,
+        max_num_gen_batches=1,
+    )  # fmt: skip
+    with pytest.warns(tr.DynamicSamplingWarning) as record:
+        trainer.train()
+    assert {w.filename for w in record if w.category is tr.DynamicSamplingWarning} == {__file__}, "stacklevel"

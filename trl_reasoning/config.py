@@ -506,27 +506,29 @@ class ReasoningConfig(GRPOConfig):
         self.overlong_cache_length = value
 
 
-#: Field metadata key holding where a preset's default comes from (paper section, authors' code or TRL).
-SOURCE_KEY = "source"
+#: Where each preset default comes from, per dataclass field object. Not kept in the field's metadata: transformers'
+#: HfArgumentParser passes every metadata entry to argparse. The metadata's help text gets the source appended, so
+#: ``trl-reasoning dapo --help`` shows it.
+_SOURCES: dict[dataclasses.Field, str] = {}
 
 
 def preset_default(name: str, value: Any, *, source: str):
     """A dataclass field that re-declares ``ReasoningConfig.name`` with a preset's default, keeping its help text and
     recording where the value comes from (``source``: the paper's section or equation, the authors' code file, or
-    TRL), which :func:`preset_sources`, the preset's docstring and the README table show."""
+    TRL), which :func:`preset_sources`, the preset's docstring, ``--help`` and the README table show."""
     parent = ReasoningConfig.__dataclass_fields__[name]
     if not source.strip():
         raise ValueError(f"preset_default({name!r}): every preset default needs a source")
-    return field(default=value, metadata={**parent.metadata, SOURCE_KEY: source})
+    metadata = dict(parent.metadata)
+    metadata["help"] = f"{metadata.get('help', '').rstrip()} Preset default from: {source}.".strip()
+    preset_field = field(default=value, metadata=metadata)
+    _SOURCES[preset_field] = source
+    return preset_field
 
 
 def preset_sources(config_class: type[ReasoningConfig]) -> dict[str, tuple[Any, str]]:
     """``{field: (default, source)}`` for every default a preset sets with :func:`preset_default`, in field order."""
-    return {
-        f.name: (f.default, f.metadata[SOURCE_KEY])
-        for f in dataclasses.fields(config_class)
-        if SOURCE_KEY in f.metadata
-    }
+    return {f.name: (f.default, _SOURCES[f]) for f in dataclasses.fields(config_class) if f in _SOURCES}
 
 
 def document_sources(config_class: type[ReasoningConfig]) -> type[ReasoningConfig]:

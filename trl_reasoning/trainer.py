@@ -37,6 +37,7 @@ from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head
 
+from ._warnings import user_stacklevel
 from .advantages import ADVANTAGE_ESTIMATORS
 from .aggregation import aggregate_loss
 from .batch import batch_advantages_and_weights, left_padded, pad_value, stack_rows
@@ -506,7 +507,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
                 f"{len(plan.chosen)} this batch needs. The step trains on those; the missing groups are fillers with "
                 "loss weight 0. Raise max_num_gen_batches, or check that the reward can tell completions apart.",
                 DynamicSamplingWarning,
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
         local_rows = self._local_rows(local_size)
         output = {key: value[local_rows] for key, value in batch.items()}
@@ -879,7 +880,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             f"Skipped optimizer step {self.state.global_step + 1}: its loss was NaN or infinite (parameters and "
             f"optimizer state untouched; {self._consecutive_nonfinite_steps} in a row, patience {patience}).",
             NonFiniteLossWarning,
-            stacklevel=2,
+            stacklevel=user_stacklevel(),
         )
 
     # ------------------------------------------------------------------ DPPO top-K divergence
@@ -984,7 +985,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
                 warnings.warn(
                     f"The vLLM server runs with `--logprobs-mode {mode}`; DPPO's top-K divergence needs the "
                     "distribution the tokens were sampled from. Restart it with `--logprobs-mode processed_logprobs`.",
-                    stacklevel=3,
+                    stacklevel=user_stacklevel(),
                 )
 
     def _engine_rollout_topk(self, output) -> dict[str, torch.Tensor]:
