@@ -54,9 +54,7 @@ from .logits import (
 from .losses import POLICY_LOSSES, compute_policy_loss, required_inputs
 from .model_card import ReasoningModelCardMixin
 from .rewards import (
-    RewardFunctionError,
     check_reward_columns,
-    non_binary_reward_functions,
     overlong_penalty,
     wrap_reward_function,
 )
@@ -72,6 +70,7 @@ from .sampling import (
     prompt_key,
     sample_groups,
 )
+from .shaping import check_binary_rewards, combined_rewards, sequence_kl
 
 logger = logging.getLogger(__name__)
 
@@ -656,43 +655,20 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             self._train_sampler.set_epoch(state["sampler_epoch"])
 
     def _combined_rewards(self, rewards_per_func, columns: torch.Tensor | None = None) -> torch.Tensor:
-        """The weighted sum of the reward functions (of those in ``columns``, a bool per function, when given) for
-        every completion of the gathered batch (``NaN`` = unscorable: none of them scored it), as TRL's
-        ``multi_objective_aggregation="sum_then_normalize"``."""
-        weights = self.reward_weights.to(rewards_per_func.device)
-        if columns is not None:
-            columns = columns.to(rewards_per_func.device)
-            rewards_per_func, weights = rewards_per_func[:, columns], weights[columns]
-        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        return rewards
+        return combined_rewards(rewards_per_func, self.reward_weights, columns)
 
     def _shaped_rewards(self, combined, rewards_per_func, lengths, output, mode) -> torch.Tensor:
         """The ``combined`` reward with the configured shaping (MaxRL binary check, DAPO overlong penalty, RLOO KL
         penalty)."""
         args = self.args
-        weights = self.reward_weights.to(rewards_per_func.device)
-        unscorable = torch.isnan(combined)
         rewards = combined.clone()
-
         if (
             ADVANTAGE_ESTIMATORS.trait(args.advantage_estimator, "binary_rewards")
             and args.maxrl_reward_threshold is None
         ):
-            offenders = non_binary_reward_functions(rewards_per_func, self.reward_func_names)
-            if offenders:
-                raise RewardFunctionError(
-                    f"advantage_estimator={args.advantage_estimator!r} needs binary rewards (0 or 1), but "
-                    + "; ".join(f"reward function '{name}' returned {value}" for name, value in offenders)
-                    + ". Set maxrl_reward_threshold to binarize them (reward >= threshold counts as a success)."
-                )
-            scored = rewards[~unscorable]
-            if not bool(((scored == 0) | (scored == 1)).all()):
-                raise RewardFunctionError(
-                    f"advantage_estimator={args.advantage_estimator!r} needs binary rewards, but the weighted sum of the reward functions "
-                    f"({', '.join(self.reward_func_names)}; reward_weights={weights.tolist()}) is not 0 or 1. Use one "
-                    "binary reward function, or set maxrl_reward_threshold."
-                )
+            check_binary_rewards(
+                rewards_per_func, combined, self.reward_func_names, self.reward_weights, args.advantage_estimator
+            )
 
         if args.overlong_cache_length is not None:
             penalty = overlong_penalty(lengths, args.max_completion_length, args.overlong_cache_length)
@@ -705,9 +681,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             if old is None:
                 old = self._behaviour_logps(output)
                 output["old_per_token_logps"] = old
-            # k1 estimate, summed over the sequence, without gradient (TRL's RLOOTrainer).
-            kl = ((old - output["ref_per_token_logps"]) * output["completion_mask"]).sum(dim=1)
-            kl = self.accelerator.gather(kl)
+            kl = self.accelerator.gather(sequence_kl(old, output["ref_per_token_logps"], output["completion_mask"]))
             rewards = rewards - self.beta * kl
             self._metrics[mode]["kl"].append(
                 (
