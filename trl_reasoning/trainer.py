@@ -43,15 +43,7 @@ from .aggregation import aggregate_loss
 from .batch import batch_advantages_and_weights, left_padded, pad_value, stack_rows
 from .config import ReasoningConfig
 from .lm_head import cast_lm_head_to_fp32, unwrap_peft
-from .logits import (
-    chunked_logps,
-    chunked_logps_from_hidden,
-    engine_sampled_logprobs,
-    rollout_topk,
-    rollout_topk_from_engine,
-    rollout_topk_from_hidden,
-)
-from .losses import POLICY_LOSSES, compute_policy_loss, required_inputs
+from .losses import POLICY_LOSSES, compute_policy_loss
 from .model_card import ReasoningModelCardMixin
 from .rewards import (
     check_reward_columns,
@@ -71,6 +63,7 @@ from .sampling import (
     sample_groups,
 )
 from .shaping import check_binary_rewards, combined_rewards, sequence_kl
+from .topk_forward import FORWARD_KEYS, TopKForwardMixin
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +134,10 @@ TRL_INSTANCE_ATTRIBUTES = (
 )
 
 
+#: ``GRPOTrainer`` instance attributes read when ``use_vllm`` (by ``topk_forward``, for DPPO's engine top-K).
+TRL_VLLM_INSTANCE_ATTRIBUTES = ("vllm_generation", "vllm_mode")
+
+
 class TRLCompatibilityError(RuntimeError):
     """The installed TRL no longer has a private method or attribute that trl-reasoning relies on."""
 
@@ -207,21 +204,6 @@ def warn_if_trl_unsupported() -> None:
         )
 
 
-# Per-row multimodal/auxiliary inputs that TRL forwards to the model in the loss.
-_FORWARD_KEYS = (
-    "pixel_values",
-    "image_grid_thw",
-    "num_images",
-    "pixel_attention_mask",
-    "spatial_shapes",
-    "num_tiles",
-    "image_sizes",
-    "token_type_ids",
-    "mm_token_type_ids",
-    "image_position_ids",
-)
-
-
 #: The file, in every checkpoint folder, that holds the sampling state (retired prompts, extra-prompt stream).
 SAMPLING_STATE_FILE = "trl_reasoning_sampling_state.json"
 
@@ -238,7 +220,7 @@ class DynamicSamplingWarning(UserWarning):
     """Dynamic sampling ran out of generation rounds before the batch was full of informative groups."""
 
 
-class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
+class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     """A [`~trl.GRPOTrainer`] whose advantage estimator, policy objective, loss aggregation and reward shaping are
     chosen by name in a [`ReasoningConfig`]. Takes exactly `GRPOTrainer`'s arguments.
 
@@ -274,7 +256,8 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             args.cast_lm_head_to_fp32 = args.cast_lm_head_to_fp32 or own_fp32_head
         if own_fp32_head:
             self._cast_peft_lm_head_to_fp32()
-        missing = [name for name in TRL_INSTANCE_ATTRIBUTES if not hasattr(self, name)]
+        expected = TRL_INSTANCE_ATTRIBUTES + (TRL_VLLM_INSTANCE_ATTRIBUTES if self.use_vllm else ())
+        missing = [name for name in expected if not hasattr(self, name)]
         if missing:
             raise TRLCompatibilityError(
                 f"The installed TRL's GRPOTrainer no longer sets {', '.join(missing)}, which trl-reasoning reads "
@@ -696,7 +679,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         """Log-probabilities of the sampled tokens under the policy that generated them (the model now)."""
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        forward_kwargs = {key: output[key] for key in _FORWARD_KEYS if key in output}
+        forward_kwargs = {key: output[key] for key in FORWARD_KEYS if key in output}
         with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             logps, _, _ = self._get_per_token_logps_and_entropies(
                 self.model,
@@ -736,7 +719,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
                 completion_ids.size(1),
                 compute_entropy=True,
                 compute_aux_loss=self.aux_loss_enabled,
-                **{key: inputs.get(key) for key in _FORWARD_KEYS},
+                **{key: inputs.get(key) for key in FORWARD_KEYS},
             )
         entropy_mask = (
             self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
@@ -856,220 +839,6 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             NonFiniteLossWarning,
             stacklevel=user_stacklevel(),
         )
-
-    # ------------------------------------------------------------------ DPPO top-K divergence
-    @property
-    def _uses_topk_divergence(self) -> bool:
-        return "rollout_topk_logps" in required_inputs(self.args.policy_loss, divergence=self.args.dppo_divergence)
-
-    def _final_hidden_states(self, model, input_ids, attention_mask, num_completion_tokens, compute_aux_loss):
-        """One forward that keeps logits for the last position only. Returns the final hidden states of the positions
-        that predict the completion tokens, the LM head as ``(weight, bias, logit_scale, softcap)`` (``None`` when the
-        hidden states do not reproduce the model's logits, e.g. a PEFT adapter on the LM head or an unusual output
-        scaling), the model output (for the aux loss) and the last position's logits."""
-        kwargs = {"output_router_logits": True} if compute_aux_loss else {}
-        with self.accelerator.autocast():
-            out = model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                output_hidden_states=True,
-                logits_to_keep=1,
-                **kwargs,
-            )
-        hidden = out.hidden_states[-1]
-        head_module = self.accelerator.unwrap_model(model).get_output_embeddings()
-        text_config = self.accelerator.unwrap_model(model).config.get_text_config()
-        head = None
-        weight = getattr(head_module, "weight", None)
-        # A sharded head (ZeRO-3 placeholder, FSDP DTensor) cannot be applied here: the check fails and the logits
-        # path, which goes through the model's own forward, is used instead.
-        if isinstance(weight, torch.Tensor) and type(head_module) is torch.nn.Linear:
-            scale = getattr(text_config, "logit_scale", None) or 1.0
-            softcap = getattr(text_config, "final_logit_softcapping", None)
-            with torch.no_grad():
-                try:
-                    last = torch.nn.functional.linear(
-                        hidden[:, -1:].float(),
-                        weight.float(),
-                        None if head_module.bias is None else head_module.bias.float(),
-                    )
-                except (RuntimeError, ValueError, TypeError):
-                    last = None
-                if last is not None:
-                    last = last * scale
-                    if softcap is not None:
-                        last = torch.tanh(last / softcap) * softcap
-                    reference = out.logits[:, -1:].float()
-                    tolerance = 1e-3 * reference.abs().max().clamp(min=1).item()
-                    if last.shape == reference.shape and torch.allclose(last, reference, rtol=1e-3, atol=tolerance):
-                        head = (weight, head_module.bias, float(scale), softcap)
-        start = hidden.size(1) - num_completion_tokens - 1
-        return hidden[:, start:-1], head, out
-
-    def _completion_logits(self, model, input_ids, attention_mask, num_completion_tokens, compute_aux_loss):
-        """Fallback: the ``[B, T, V]`` logits of the positions that predict the completion tokens (one such tensor)."""
-        kwargs = {"output_router_logits": True} if compute_aux_loss else {}
-        with self.accelerator.autocast():
-            out = model(
-                input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=num_completion_tokens + 1, **kwargs
-            )
-        return out.logits[:, :-1], out
-
-    @property
-    def _topk_size(self) -> int:
-        vocab = self.accelerator.unwrap_model(self.model).config.get_text_config().vocab_size
-        return min(self.args.dppo_topk, vocab)
-
-    def _keep_engine_topk(self) -> None:
-        """Make TRL's vLLM generation return the engine's top-``dppo_topk`` processed log-probs and keep them for
-        :meth:`_rollout_topk`, while TRL still receives what it expects: the sampled tokens' log-probs only.
-
-        TRL asks vLLM for ``logprobs=0`` (the sampled token alone) and keeps entry 0 of each position; with
-        ``logprobs=K`` entry 0 would be the most likely token instead, so the wrapper hands TRL the sampled token's
-        entry (its importance-sampling correction and DPPO's ratio stay exact). Wraps the public
-        ``VLLMGeneration.generate`` of this trainer's ``vllm_generation`` (an instance attribute, see
-        ``TRL_VLLM_GENERATION``); nothing else of TRL changes. Untested against a real vLLM: the tests use a stand-in
-        with vLLM's output shapes."""
-        generation = self.vllm_generation
-        generation.logprobs = self._topk_size
-        generate = generation.generate
-        self._engine_topk = []
-
-        @functools.wraps(generate)
-        def generate_keeping_topk(*args, **kwargs):
-            prompt_ids, completion_ids, logprobs, logprob_token_ids = generate(*args, **kwargs)
-            if logprobs is None or logprob_token_ids is None:
-                raise RuntimeError(
-                    "vLLM returned no log-probs, which DPPO's top-K divergence needs (dppo_divergence="
-                    f"{self.args.dppo_divergence!r}); use 'binary_tv' or 'binary_kl', or a vLLM that returns them."
-                )
-            self._engine_topk.append((completion_ids, logprobs, logprob_token_ids))
-            sampled = engine_sampled_logprobs(completion_ids, logprobs, logprob_token_ids)
-            return (
-                prompt_ids,
-                completion_ids,
-                [[[value] for value in seq] for seq in sampled],
-                [[[token] for token in seq] for seq in completion_ids],
-            )
-
-        generation.generate = generate_keeping_topk
-        if self.vllm_mode == "server" and self.accelerator.is_main_process:
-            mode = generation.vllm_client.get_server_info()["model_config"]["logprobs_mode"]
-            if mode != "processed_logprobs":
-                warnings.warn(
-                    f"The vLLM server runs with `--logprobs-mode {mode}`; DPPO's top-K divergence needs the "
-                    "distribution the tokens were sampled from. Restart it with `--logprobs-mode processed_logprobs`.",
-                    stacklevel=user_stacklevel(),
-                )
-
-    def _engine_rollout_topk(self, output) -> dict[str, torch.Tensor]:
-        """The top-K vLLM reported for the completions of this round, padded like ``output["completion_ids"]``."""
-        captured, self._engine_topk = self._engine_topk, []
-        completion_ids = [seq for call in captured for seq in call[0]]
-        ids, logps = rollout_topk_from_engine(
-            completion_ids,
-            [seq for call in captured for seq in call[1]],
-            [seq for call in captured for seq in call[2]],
-            k=self._topk_size,
-            length=output["completion_ids"].size(1),
-            pad_token_id=self._tokenizer.pad_token_id,
-        )
-        trained_ids, mask = output["completion_ids"], output["completion_mask"].bool()
-        generated_ids = torch.full_like(trained_ids, self._tokenizer.pad_token_id)
-        for row, seq in enumerate(completion_ids[: trained_ids.shape[0]]):
-            generated_ids[row, : len(seq)] = torch.as_tensor(seq[: trained_ids.shape[1]])
-        if len(completion_ids) != trained_ids.shape[0] or not torch.equal(generated_ids[mask], trained_ids[mask]):
-            raise RuntimeError(
-                "The completions TRL trained on are not the ones vLLM generated (tool calls or an environment "
-                f"rewrote them); dppo_divergence={self.args.dppo_divergence!r} needs the engine's log-probs at every "
-                "completion token. Use 'binary_tv' or 'binary_kl' here."
-            )
-        device = trained_ids.device
-        return {"rollout_topk_ids": ids.to(device), "rollout_topk_logps": logps.to(device)}
-
-    @torch.no_grad()
-    def _rollout_topk(self, output, mode: str) -> dict[str, torch.Tensor]:
-        """The rollout policy's top-``dppo_topk`` token ids and log-probs at every completion position, sampled token
-        swapped in (``[B, T, K]``).
-
-        With vLLM these are vLLM's own processed log-probs, the distribution that sampled (see
-        :meth:`_keep_engine_topk`); otherwise the training model's own no-grad forward on the generation batch."""
-        if self._engine_topk:  # empty when a custom rollout_func generated instead of vllm_generation.generate
-            return self._engine_rollout_topk(output)
-        if any(key in output for key in _FORWARD_KEYS):
-            raise ValueError(
-                f"dppo_divergence={self.args.dppo_divergence!r} does not support multimodal inputs; use 'binary_tv' or "
-                "'binary_kl'."
-            )
-        completion_ids = output["completion_ids"]
-        input_ids = torch.cat([output["prompt_ids"], completion_ids], dim=1)
-        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
-        ids, logps = [], []
-        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            for start in range(0, input_ids.size(0), batch_size):
-                rows = slice(start, start + batch_size)
-                head = None
-                if self._lm_head_from_hidden:
-                    hidden, head, _ = self._final_hidden_states(
-                        self.model, input_ids[rows], attention_mask[rows], completion_ids.size(1), False
-                    )
-                    self._lm_head_from_hidden = head is not None
-                if head is not None:
-                    weight, bias, scale, softcap = head
-                    chunk = rollout_topk_from_hidden(
-                        hidden,
-                        weight,
-                        completion_ids[rows],
-                        k=self.args.dppo_topk,
-                        temperature=self.temperature,
-                        lm_head_bias=bias,
-                        logit_scale=scale,
-                        final_logit_softcapping=softcap,
-                    )
-                else:
-                    logits, _ = self._completion_logits(
-                        self.model, input_ids[rows], attention_mask[rows], completion_ids.size(1), False
-                    )
-                    chunk = rollout_topk(
-                        logits, completion_ids[rows], k=self.args.dppo_topk, temperature=self.temperature
-                    )
-                    del logits
-                ids.append(chunk[0])
-                logps.append(chunk[1])
-        return {"rollout_topk_ids": torch.cat(ids), "rollout_topk_logps": torch.cat(logps)}
-
-    def _topk_forward(self, model, input_ids, attention_mask, completion_ids, topk_ids, compute_aux_loss):
-        """The current policy's sampled-token log-probs (with gradient), entropies, log-probs at the stored top-K ids
-        (with gradient) and MoE aux loss, chunked over positions so no ``[B, T, V]`` tensor is built when the LM head
-        can be applied to the hidden states (otherwise one: the logits)."""
-        head = None
-        if self._lm_head_from_hidden:
-            hidden, head, out = self._final_hidden_states(
-                model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss
-            )
-            self._lm_head_from_hidden = head is not None
-        if head is not None:
-            weight, bias, scale, softcap = head
-            logps, entropies, topk_logps = chunked_logps_from_hidden(
-                hidden,
-                weight,
-                completion_ids,
-                topk_ids,
-                temperature=self.temperature,
-                lm_head_bias=bias,
-                logit_scale=scale,
-                final_logit_softcapping=softcap,
-            )
-        else:
-            logits, out = self._completion_logits(
-                model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss
-            )
-            logps, entropies, topk_logps = chunked_logps(
-                logits, completion_ids, topk_ids, temperature=self.temperature
-            )
-        aux_loss = out.aux_loss if compute_aux_loss else None
-        return logps, entropies, topk_logps, aux_loss
 
     def _policy_loss_kwargs(self, inputs, topk_logps: torch.Tensor | None = None) -> dict[str, Any]:
         """The config values and inputs the chosen policy loss takes (matched by parameter name)."""
