@@ -173,3 +173,34 @@ def test_repeated_non_finite_losses_stop_the_run(tiny_model_path, tmp_path):
 
 def fragile_free(completions, **kwargs) -> list[float]:
     return [len(c[-1]["content"]) / 10 for c in completions]
+
+
+def test_the_non_finite_step_guard_without_a_model():
+    """The guard alone: a flagged step is skipped and logged, a finite one resets the count, patience is enforced."""
+    from trl_reasoning.guards import NonFiniteLossError, NonFiniteLossWarning, NonFiniteStepGuard
+
+    class Optimizer:
+        taken = 0
+
+        def step(self):
+            Optimizer.taken += 1
+
+    guard, skipped = NonFiniteStepGuard(patience=1), []
+    optimizer = guard.install(Optimizer(), step_number=lambda: 7, on_skip=skipped.append)
+    assert guard.install(optimizer, step_number=lambda: 7) is optimizer  # installed once
+    guard.record(False)
+    optimizer.step()
+    guard.record(True)
+    guard.record(False)  # a later finite micro-batch of the same step does not clear the flag
+    with pytest.warns(NonFiniteLossWarning, match="Skipped optimizer step 7"):
+        optimizer.step()
+    optimizer.step()  # finite: taken, the run of skips resets
+    for _ in range(2):
+        guard.record(True)
+        if guard.consecutive == 1:
+            with pytest.raises(NonFiniteLossError, match=r"2 consecutive optimizer steps.*step 7"):
+                optimizer.step()
+        else:
+            with pytest.warns(NonFiniteLossWarning):
+                optimizer.step()
+    assert (Optimizer.taken, skipped, guard.skipped) == (2, [1, 2, 3], 3)

@@ -11,6 +11,7 @@ from .dapo import DAPOConfig, DAPOTrainer
 from .dppo import DPPOConfig, DPPOTrainer
 from .dr_grpo import DrGRPOConfig, DrGRPOTrainer
 from .evaluation import mean_pass_at_k, pass_at_k
+from .guards import NonFiniteLossError, NonFiniteLossWarning
 from .losses import compute_policy_loss
 from .maxrl import MaxRLConfig, MaxRLTrainer
 from .model_card import ReasoningModelCardMixin
@@ -20,8 +21,6 @@ from .scalerl import ScaleRLConfig, ScaleRLTrainer
 from .scaling import ComputeCurveFit, fit_compute_curve
 from .trainer import (
     DynamicSamplingWarning,
-    NonFiniteLossError,
-    NonFiniteLossWarning,
     ReasoningConfig,
     ReasoningTrainer,
     TRLCompatibilityError,

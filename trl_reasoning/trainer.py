@@ -21,7 +21,6 @@ How a step works, on top of TRL's ``GRPOTrainer``:
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import logging
@@ -42,6 +41,7 @@ from .advantages import ADVANTAGE_ESTIMATORS
 from .aggregation import aggregate_loss
 from .batch import batch_advantages_and_weights, left_padded, pad_value, stack_rows
 from .config import ReasoningConfig
+from .guards import NonFiniteStepGuard
 from .lm_head import cast_lm_head_to_fp32, unwrap_peft
 from .losses import POLICY_LOSSES, compute_policy_loss
 from .model_card import ReasoningModelCardMixin
@@ -208,14 +208,6 @@ def warn_if_trl_unsupported() -> None:
 SAMPLING_STATE_FILE = "trl_reasoning_sampling_state.json"
 
 
-class NonFiniteLossError(RuntimeError):
-    """More consecutive optimizer steps had a NaN/inf loss than ``nonfinite_loss_patience`` allows."""
-
-
-class NonFiniteLossWarning(UserWarning):
-    """An optimizer step was skipped because its loss was NaN or infinite."""
-
-
 class DynamicSamplingWarning(UserWarning):
     """Dynamic sampling ran out of generation rounds before the batch was full of informative groups."""
 
@@ -275,10 +267,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self._prompt_stream: PromptStream | None = None
         self._prompt_keys: list[str] | None = None
         self._train_sampler: EpochRepeatSampler | None = None
-        # Non-finite loss guard: set by _compute_loss, read by the optimizer step (see create_optimizer).
-        self._nonfinite_in_step = False
-        self._consecutive_nonfinite_steps = 0
-        self._skipped_nonfinite_steps = 0
+        # Non-finite loss guard: compute_loss records each micro-batch, the optimizer's step reads it.
+        self._nonfinite_guard = NonFiniteStepGuard(self.args.nonfinite_loss_patience)
         # DPPO top-K reads the LM head from the final hidden states until that fails once (e.g. a sharded head);
         # from then on it uses the logits directly instead of paying for a forward it would throw away.
         self._lm_head_from_hidden = True
@@ -798,46 +788,16 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         if self.model.training:
             # Every process joins the reduction, so all of them skip the same optimizer steps.
             bad = torch.tensor([0.0 if torch.isfinite(loss.detach()).all() else 1.0], device=loss.device)
-            if self.accelerator.reduce(bad, reduction="sum").item() > 0:
-                self._nonfinite_in_step = True
+            self._nonfinite_guard.record(self.accelerator.reduce(bad, reduction="sum").item() > 0)
         return loss
 
     def create_optimizer(self, *args, **kwargs):
         """The Trainer's optimizer, whose ``step`` is skipped when the step's loss was NaN or infinite."""
-        optimizer = super().create_optimizer(*args, **kwargs)
-        if not getattr(optimizer, "_trl_reasoning_guarded", False):
-            step = optimizer.step
-
-            @functools.wraps(step)
-            def guarded_step(*step_args, **step_kwargs):
-                if self._nonfinite_in_step:
-                    self._nonfinite_in_step = False
-                    self._skip_nonfinite_step()
-                    return None
-                self._consecutive_nonfinite_steps = 0
-                return step(*step_args, **step_kwargs)
-
-            optimizer.step = guarded_step
-            optimizer._trl_reasoning_guarded = True
-        return optimizer
-
-    def _skip_nonfinite_step(self) -> None:
-        self._skipped_nonfinite_steps += 1
-        self._consecutive_nonfinite_steps += 1
-        self._metrics["train"]["nonfinite_loss/skipped_steps"].append(float(self._skipped_nonfinite_steps))
-        patience = self.args.nonfinite_loss_patience
-        if self._consecutive_nonfinite_steps > patience:
-            raise NonFiniteLossError(
-                f"{self._consecutive_nonfinite_steps} consecutive optimizer steps had a NaN or infinite loss (step "
-                f"{self.state.global_step + 1}; nonfinite_loss_patience={patience}). The parameters are those of the "
-                "last finite step. Check the rewards, the learning rate and mixed precision, or raise "
-                "nonfinite_loss_patience."
-            )
-        warnings.warn(
-            f"Skipped optimizer step {self.state.global_step + 1}: its loss was NaN or infinite (parameters and "
-            f"optimizer state untouched; {self._consecutive_nonfinite_steps} in a row, patience {patience}).",
-            NonFiniteLossWarning,
-            stacklevel=user_stacklevel(),
+        return self._nonfinite_guard.install(
+            super().create_optimizer(*args, **kwargs),
+            step_number=lambda: self.state.global_step + 1,
+            # looked up at each skip: TRL clears its metric lists after every log
+            on_skip=lambda skipped: self._metrics["train"]["nonfinite_loss/skipped_steps"].append(float(skipped)),
         )
 
     def _policy_loss_kwargs(self, inputs, topk_logps: torch.Tensor | None = None) -> dict[str, Any]:
