@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 
 #: Default number of positions (rows of ``vocab`` logits) processed at once. Scratch is about three
@@ -188,8 +189,10 @@ def rollout_topk_from_engine(
     length = longest if length is None else length
     if length < longest:
         raise ValueError(f"length={length} is shorter than the longest completion ({longest} tokens)")
-    ids = torch.full((len(completion_ids), length, k), pad_token_id, dtype=torch.long)
-    logps = torch.full((len(completion_ids), length, k), math.nan, dtype=torch.float32)
+    # Built as flat Python lists and converted once: one small tensor per position costs more than the rest.
+    pad_ids, pad_logps = [pad_token_id] * k, [math.nan] * k
+    flat_ids: list[int] = []
+    flat_logps: list[float | None] = []
     for row, (seq, seq_logps, seq_ids) in enumerate(zip(completion_ids, logprobs, logprob_token_ids, strict=True)):
         if not len(seq) == len(seq_logps) == len(seq_ids):
             raise ValueError(
@@ -205,8 +208,15 @@ def rollout_topk_from_engine(
             top_ids, top_logps = list(entry_ids[:k]), list(entry_logps[:k])
             if token not in top_ids:
                 top_ids[-1], top_logps[-1] = token, entry_logps[_rank_of_sampled(token, entry_ids, row, position)]
-            ids[row, position] = torch.as_tensor(top_ids, dtype=torch.long)
-            logps[row, position] = torch.tensor([math.nan if v is None else v for v in top_logps], dtype=torch.float32)
+            flat_ids.extend(top_ids)
+            flat_logps.extend(top_logps)
+        for _ in range(length - len(seq)):
+            flat_ids.extend(pad_ids)
+            flat_logps.extend(pad_logps)
+    shape = (len(completion_ids), length, k)
+    ids = torch.tensor(flat_ids, dtype=torch.long).view(shape)
+    # None (vLLM's NaN) becomes NaN through numpy's float conversion.
+    logps = torch.from_numpy(np.array(flat_logps, dtype=np.float32)).view(shape)
     return ids, logps
 
 
