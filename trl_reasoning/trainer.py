@@ -64,6 +64,7 @@ from .sampling import (
 )
 from .shaping import check_binary_rewards, combined_rewards, sequence_kl
 from .topk_forward import FORWARD_KEYS, TopKForwardMixin
+from .trl_mirror import k3_kl, masked_means_over_processes
 
 logger = logging.getLogger(__name__)
 
@@ -754,13 +755,14 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
 
         kl_in_loss = self.beta != 0.0 and not args.kl_in_reward
         if kl_in_loss:
-            log_ref_ratio = inputs["ref_per_token_logps"] - per_token_logps
-            per_token_kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1  # k3, TRL's estimator
-            if args.use_bias_correction_kl:
-                log_ratio = per_token_logps - old_per_token_logps
-                if args.importance_sampling_level == "sequence":
-                    log_ratio = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
-                per_token_kl = per_token_kl * torch.exp(log_ratio)
+            per_token_kl = k3_kl(
+                inputs["ref_per_token_logps"],
+                per_token_logps,
+                old_per_token_logps,
+                mask,
+                bias_correction=args.use_bias_correction_kl,
+                sequence_level=args.importance_sampling_level == "sequence",
+            )
             per_token_loss = per_token_loss + self.beta * per_token_kl
 
         # w_i were fixed on the whole generation batch. Gradient accumulation sums micro-batch gradients and DDP
@@ -845,25 +847,18 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         return coef * mean_entropy
 
     def _log_loss_metrics(self, mode, mask, entropies, stats, policy_loss, per_token_kl) -> None:
-        """Metrics of one micro-batch, reduced over processes (every rank makes the same calls in the same order)."""
-
-        def global_masked_mean(values: torch.Tensor) -> float:
-            if values.shape[-1] == 1 and mask.shape[-1] != 1:  # one value per sequence
-                local = torch.stack([values.float().sum(), torch.tensor(float(values.shape[0]), device=values.device)])
-            else:
-                local = torch.stack([(values.float() * mask).sum(), mask.sum().float()])
-            totals = self.accelerator.reduce(local, reduction="sum")
-            return (totals[0] / totals[1].clamp(min=1.0)).item()
-
-        metrics = self._metrics[mode]
-        metrics["entropy"].append(global_masked_mean(entropies))
+        """Metrics of one micro-batch, averaged over processes in one collective (every rank passes the same keys)."""
+        values = {"entropy": entropies}
         if per_token_kl is not None:
-            metrics["kl"].append(global_masked_mean(per_token_kl))
-        for key in sorted(stats):
-            metrics[key].append(global_masked_mean(stats[key]))
+            values["kl"] = per_token_kl
+        values.update((key, stats[key]) for key in sorted(stats))
         if "clip_ratio/low_mean" in stats and "clip_ratio/high_mean" in stats:
-            metrics["clip_ratio/region_mean"].append(
-                global_masked_mean(stats["clip_ratio/low_mean"] | stats["clip_ratio/high_mean"])
-            )
-        gathered = self.accelerator.gather(policy_loss.reshape(1))
-        metrics["policy_loss"].append(gathered.mean().item())
+            values["clip_ratio/region_mean"] = stats["clip_ratio/low_mean"] | stats["clip_ratio/high_mean"]
+        means = masked_means_over_processes(
+            values,
+            mask,
+            lambda totals: self.accelerator.reduce(totals, reduction="sum"),
+            per_process={"policy_loss": policy_loss},
+        )
+        for key, value in means.items():
+            self._metrics[mode][key].append(value)
