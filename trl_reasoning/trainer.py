@@ -688,38 +688,20 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _compute_loss(self, model, inputs):
         args = self.args
         mode = "train" if self.model.training else "eval"
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        mask = (
+            inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        )
         if (
             "row_active" in inputs
         ):  # groups dropped by zero-variance filtering or dynamic sampling: no loss, no metrics
             mask = mask * inputs["row_active"].unsqueeze(1)
-
-        topk_logps = None
-        if self._uses_topk_divergence:
-            per_token_logps, entropies, topk_logps, aux_loss = self._topk_forward(
-                model, input_ids, attention_mask, completion_ids, inputs["rollout_topk_ids"], self.aux_loss_enabled
-            )
-        else:
-            per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-                model,
-                input_ids,
-                attention_mask,
-                completion_ids.size(1),
-                compute_entropy=True,
-                compute_aux_loss=self.aux_loss_enabled,
-                **{key: inputs.get(key) for key in FORWARD_KEYS},
-            )
+        per_token_logps, entropies, topk_logps, aux_loss = self._policy_forward(model, inputs)
         entropy_mask = (
             self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
             if self.top_entropy_quantile < 1.0
             else None
         )
-        advantages = inputs["advantages"]
-        if advantages.dim() == 1:
-            advantages = advantages.unsqueeze(1)
+        advantages = inputs["advantages"].unsqueeze(1) if inputs["advantages"].dim() == 1 else inputs["advantages"]
         old_per_token_logps = inputs.get("old_per_token_logps")
         if old_per_token_logps is None:  # on-policy: TRL skips the extra forward, the ratio is 1 with a gradient
             old_per_token_logps = per_token_logps.detach()
@@ -734,27 +716,11 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             stats=stats,
             **self._policy_loss_kwargs(inputs, topk_logps),
         )
-        if self.off_policy_mask_threshold is not None:
-            per_token_loss = per_token_loss * self.get_off_policy_mask(
-                advantages=advantages,
-                per_token_logps=per_token_logps,
-                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
-                mask=mask,
-                off_policy_threshold=self.off_policy_mask_threshold,
-            )
-        if entropy_mask is not None:
-            per_token_loss = per_token_loss * entropy_mask
-        # DPPO's own ratio is already taken against the rollout engine's probabilities: correcting again would
-        # count the vLLM mismatch twice.
-        if (
-            self.use_vllm
-            and self.vllm_importance_sampling_correction
-            and not POLICY_LOSSES.trait(args.policy_loss, "ratio_to_rollout", False)
-        ):
-            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
-
-        kl_in_loss = self.beta != 0.0 and not args.kl_in_reward
-        if kl_in_loss:
+        per_token_loss = self._apply_trl_token_masks(
+            per_token_loss, inputs, per_token_logps, old_per_token_logps, advantages, mask, entropy_mask
+        )
+        per_token_kl = None
+        if self.beta != 0.0 and not args.kl_in_reward:
             per_token_kl = k3_kl(
                 inputs["ref_per_token_logps"],
                 per_token_logps,
@@ -773,16 +739,57 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             scale *= args.steps_per_generation / self.current_gradient_accumulation_steps
         loss = aggregate_loss(per_token_loss, mask, weights=inputs["loss_weights"]) * scale
         policy_loss = loss.detach()
-
         if self._entropy_bonus_enabled:
             loss = loss - self._entropy_bonus(entropies, mask if entropy_mask is None else mask * entropy_mask, mode)
         if self.aux_loss_enabled:
             normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather(aux_loss.detach()).mean().item())
-
-        self._log_loss_metrics(mode, mask, entropies, stats, policy_loss, per_token_kl if kl_in_loss else None)
+        self._log_loss_metrics(mode, mask, entropies, stats, policy_loss, per_token_kl)
         return loss
+
+    def _policy_forward(self, model, inputs):
+        """The current policy's sampled-token log-probs, entropies, log-probs at the stored rollout top-K ids (only
+        when the loss needs them) and MoE aux loss."""
+        completion_ids = inputs["completion_ids"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        if self._uses_topk_divergence:
+            return self._topk_forward(
+                model, input_ids, attention_mask, completion_ids, inputs["rollout_topk_ids"], self.aux_loss_enabled
+            )
+        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            completion_ids.size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in FORWARD_KEYS},
+        )
+        return logps, entropies, None, aux_loss
+
+    def _apply_trl_token_masks(self, per_token_loss, inputs, logps, old_logps, advantages, mask, entropy_mask):
+        """TRL's per-token options on any objective, as TRL applies them: the off-policy mask, the high-entropy mask
+        and the vLLM importance-sampling correction (not for a loss whose ratio is already taken against the rollout
+        engine: that would count the vLLM mismatch twice)."""
+        if self.off_policy_mask_threshold is not None:
+            per_token_loss = per_token_loss * self.get_off_policy_mask(
+                advantages=advantages,
+                per_token_logps=logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_logps),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+        if entropy_mask is not None:
+            per_token_loss = per_token_loss * entropy_mask
+        if (
+            self.use_vllm
+            and self.vllm_importance_sampling_correction
+            and not POLICY_LOSSES.trait(self.args.policy_loss, "ratio_to_rollout", False)
+        ):
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+        return per_token_loss
 
     # ------------------------------------------------------------------ non-finite loss guard
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
