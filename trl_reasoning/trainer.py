@@ -227,14 +227,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
 
     def __init__(self, model, reward_funcs, args: ReasoningConfig | None = None, *more, **kwargs):
         check_trl_private_api()
-        if args is None:
-            name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
-            args = self.config_class(output_dir=f"{str(name).rstrip('/').split('/')[-1] or 'model'}-{self._name}")
-        if not isinstance(args, self.config_class):
-            raise TypeError(
-                f"{type(self).__name__} needs a {self.config_class.__name__} as `args`, got "
-                f"{type(args).__name__}. Build it with the same arguments: {self.config_class.__name__}(...)."
-            )
+        args = self._checked_args(model, args)
         # TRL's cast_lm_head_to_fp32 fails on a PEFT model with tied embeddings (it reaches for
         # `model.model.embed_tokens`): under PEFT this trainer casts the head itself (see trl_reasoning.lm_head).
         bound = inspect.signature(GRPOTrainer.__init__).bind(self, model, reward_funcs, args, *more, **kwargs)
@@ -256,6 +249,12 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
                 f"The installed TRL's GRPOTrainer no longer sets {', '.join(missing)}, which trl-reasoning reads "
                 f"(checked against TRL {TRL_CHECKED_VERSION})."
             )
+        self._init_seam_state()
+        self._check_datasets()
+
+    def _init_seam_state(self) -> None:
+        """This trainer's own state next to TRL's: wrapped reward functions, the task-reward columns, the group
+        selection, the sampling state a checkpoint keeps, the non-finite-step guard and DPPO top-K's switches."""
         self.reward_funcs = [
             func if isinstance(func, torch.nn.Module) else wrap_reward_function(func, name, self.args.on_reward_error)
             for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
@@ -270,16 +269,29 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self._train_sampler: EpochRepeatSampler | None = None
         # Non-finite loss guard: compute_loss records each micro-batch, the optimizer's step reads it.
         self._nonfinite_guard = NonFiniteStepGuard(self.args.nonfinite_loss_patience)
-        # DPPO top-K reads the LM head from the final hidden states until that fails once (e.g. a sharded head);
-        # from then on it uses the logits directly instead of paying for a forward it would throw away.
+        # DPPO top-K: the LM head from the hidden states until that fails once; vLLM's own top-K when vLLM generates.
         self._lm_head_from_hidden = True
-        # DPPO top-K under vLLM: the engine's own top-K per generate call, consumed by _rollout_topk.
         self._engine_topk: list[tuple[list, list, list]] | None = None
         if self.use_vllm and self._uses_topk_divergence:
             self._keep_engine_topk()
+
+    def _checked_args(self, model, args: ReasoningConfig | None) -> ReasoningConfig:
+        """``args``, or the preset's defaults when ``None`` (as ``GRPOTrainer`` does); a config of another class is
+        refused, since it would silently train another algorithm."""
+        if args is None:
+            name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
+            args = self.config_class(output_dir=f"{str(name).rstrip('/').split('/')[-1] or 'model'}-{self._name}")
+        if not isinstance(args, self.config_class):
+            raise TypeError(
+                f"{type(self).__name__} needs a {self.config_class.__name__} as `args`, got "
+                f"{type(args).__name__}. Build it with the same arguments: {self.config_class.__name__}(...)."
+            )
+        return args
+
+    def _check_datasets(self) -> None:
+        """A ``prompt`` column in every dataset, and a map-style training set where prompts are looked up by index."""
         for split, dataset in (("train_dataset", self.train_dataset), ("eval_dataset", self.eval_dataset)):
-            datasets_ = dataset.values() if isinstance(dataset, dict) else [dataset]
-            for data in datasets_:
+            for data in dataset.values() if isinstance(dataset, dict) else [dataset]:
                 columns = getattr(data, "column_names", None)
                 if columns is not None and "prompt" not in columns and self.environment_factories is None:
                     raise ValueError(
