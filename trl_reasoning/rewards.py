@@ -200,28 +200,41 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> 
             raise RewardFunctionError(f"Reward function '{name}' did not return one reward for one completion.")
         return output[0]
 
+    def _retries(kwargs: dict, batch_error: Exception):
+        """The sample-by-sample retry of a failed batch, shared by the sync and async wrappers: a generator that
+        yields each sample's keyword arguments, is sent back that call's outcome (its one reward, or the exception),
+        and returns the batch's rewards (or raises, per ``on_error``)."""
+        size = _batch_size(kwargs)
+        if size is None:
+            raise _failure(batch_error, kwargs, None) from batch_error
+        results = []
+        for index in range(size):
+            outcome = yield _one_sample(kwargs, index, size)
+            results.append(outcome)
+            if isinstance(outcome, Exception) and on_error == "raise":
+                break
+        return _resolve(batch_error, kwargs, results)
+
     if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
 
         @functools.wraps(func)
         async def async_wrapper(*args, **kwargs):
             try:
-                output = await func(*args, **kwargs)
+                return _check(await func(*args, **kwargs), kwargs)
             except RewardFunctionError:
                 raise
             except Exception as error:  # noqa: BLE001 - located sample by sample, then re-raised or excluded
-                size = _batch_size(kwargs)
-                if size is None:
-                    raise _failure(error, kwargs, None) from error
-                results = []
-                for index in range(size):
-                    try:
-                        results.append(_single_value(await func(*args, **_one_sample(kwargs, index, size))))
-                    except Exception as sample_error:  # noqa: BLE001
-                        results.append(sample_error)
-                        if on_error == "raise":
-                            break
-                output = _resolve(error, kwargs, results)
-            return _check(output, kwargs)
+                retry = _retries(kwargs, error)
+                try:
+                    sample_kwargs = next(retry)
+                    while True:
+                        try:
+                            outcome = _single_value(await func(*args, **sample_kwargs))
+                        except Exception as sample_error:  # noqa: BLE001
+                            outcome = sample_error
+                        sample_kwargs = retry.send(outcome)
+                except StopIteration as done:
+                    return _check(done.value, kwargs)
 
         wrapper = async_wrapper
     else:
@@ -229,23 +242,21 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> 
         @functools.wraps(func)
         def sync_wrapper(*args, **kwargs):
             try:
-                output = func(*args, **kwargs)
+                return _check(func(*args, **kwargs), kwargs)
             except RewardFunctionError:
                 raise
             except Exception as error:  # noqa: BLE001 - located sample by sample, then re-raised or excluded
-                size = _batch_size(kwargs)
-                if size is None:
-                    raise _failure(error, kwargs, None) from error
-                results = []
-                for index in range(size):
-                    try:
-                        results.append(_single_value(func(*args, **_one_sample(kwargs, index, size))))
-                    except Exception as sample_error:  # noqa: BLE001
-                        results.append(sample_error)
-                        if on_error == "raise":
-                            break
-                output = _resolve(error, kwargs, results)
-            return _check(output, kwargs)
+                retry = _retries(kwargs, error)
+                try:
+                    sample_kwargs = next(retry)
+                    while True:
+                        try:
+                            outcome = _single_value(func(*args, **sample_kwargs))
+                        except Exception as sample_error:  # noqa: BLE001
+                            outcome = sample_error
+                        sample_kwargs = retry.send(outcome)
+                except StopIteration as done:
+                    return _check(done.value, kwargs)
 
         wrapper = sync_wrapper
     wrapper.__name__ = name
