@@ -84,7 +84,7 @@ def run_one(method: str, seed: int, steps: int, eval_every: int, model_dir: str,
     from trl_reasoning.callbacks import PassAtKCallback, evaluate_pass_at_k
     from trl_reasoning.demo.run import demo_training_defaults
     from trl_reasoning.demo.task import exact_match_reward
-    from trl_reasoning.demo.tiny import load_tokenizer
+    from trl_reasoning.loading import load_tokenizer
 
     key, overrides = METHODS[method]
     config_class, trainer_class = _classes(key)

@@ -95,7 +95,7 @@ def test_evaluate_pass_at_k_on_a_tiny_model(tiny_model_path):
     from transformers import AutoModelForCausalLM
 
     from trl_reasoning.callbacks import evaluate_pass_at_k
-    from trl_reasoning.demo.tiny import load_tokenizer
+    from trl_reasoning.loading import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     tokenizer = load_tokenizer(tiny_model_path)
@@ -126,7 +126,8 @@ def test_pass_at_k_callback_logs_to_the_trainer(trainer_kind, tiny_model_path, t
     from trl_reasoning import DAPOConfig, DAPOTrainer
     from trl_reasoning.callbacks import PassAtKCallback
     from trl_reasoning.demo.task import exact_match_reward
-    from trl_reasoning.demo.tiny import cpu_config_kwargs, load_tokenizer
+    from trl_reasoning.demo.tiny import cpu_config_kwargs
+    from trl_reasoning.loading import load_tokenizer
 
     config_class, trainer_class = (DAPOConfig, DAPOTrainer) if trainer_kind == "dapo" else (GRPOConfig, GRPOTrainer)
     extra = {"dynamic_sampling": False} if trainer_kind == "dapo" else {}

@@ -10,7 +10,8 @@ from datasets import Dataset
 
 from trl_reasoning import DAPOConfig, DAPOTrainer, MaxRLConfig
 from trl_reasoning.demo.task import digit_reward
-from trl_reasoning.demo.tiny import cpu_config_kwargs, load_tokenizer
+from trl_reasoning.demo.tiny import cpu_config_kwargs
+from trl_reasoning.loading import load_tokenizer
 from trl_reasoning.model_card import (
     ReasoningModelCardMixin,
     non_default_settings,

@@ -252,8 +252,8 @@ def _reward_funcs(names: list[str] | None, task: str | None) -> list[Callable]:
 
 
 def _processing_class(model_name_or_path: str):
-    """The tokenizer to pass explicitly, or `None` to let TRL load it (see `demo.tiny.load_tokenizer`)."""
-    from .demo.tiny import has_generic_tokenizer, load_tokenizer
+    """The tokenizer to pass explicitly, or `None` to let TRL load it (see `loading.load_tokenizer`)."""
+    from .loading import has_generic_tokenizer, load_tokenizer
 
     return load_tokenizer(model_name_or_path) if has_generic_tokenizer(model_name_or_path) else None
 
@@ -415,7 +415,7 @@ def evaluate(eval_args: EvalArguments) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
     from .callbacks import evaluate_pass_at_k
-    from .demo.tiny import load_tokenizer
+    from .loading import load_tokenizer
 
     if eval_args.model_name_or_path is None:
         raise ValueError("trl-reasoning eval needs --model_name_or_path.")

@@ -218,7 +218,7 @@ def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[s
     from datasets import Dataset
 
     from ..callbacks import PassAtKCallback, evaluate_pass_at_k
-    from .tiny import load_tokenizer
+    from ..loading import load_tokenizer
 
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
