@@ -3,6 +3,7 @@ stream (no model)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from trl_reasoning.sampling import (
     GROUP_SELECTIONS,
     EpochRepeatSampler,
     GroupSelection,
+    PromptState,
     PromptStream,
     RetiredPrompts,
     SampledRound,
@@ -248,3 +250,24 @@ def test_the_config_switches_name_the_strategy():
     assert group_selection_name(True, False) == group_selection_name(True, True) == "dynamic"
     with pytest.raises(ValueError, match="Unknown group selection 'replace'. Allowed values: all, zero_variance"):
         sample_groups("replace", _rounds([True])[0], target=1, max_rounds=1)
+
+
+def test_prompt_state_round_trips_everything_a_checkpoint_keeps():
+    keys = [f"p{i}" for i in range(8)]
+    state = PromptState(seed=3, dataset_size=lambda: 8, prompt_keys=lambda: keys)
+    sampler = state.new_sampler(num_samples=8, mini_repeat_count=2, batch_size=2, repeat_count=1, shuffle=True)
+    state.retired.retire("p1", 0)
+    sampler.set_epoch(2)
+    taken = state.extra_prompts().take(3)
+    saved = json.loads(json.dumps(state.state_dict()))  # as written to the checkpoint folder
+    assert saved["sampler_epoch"] == 2 and saved["retired_prompts"] == {"epoch_of": {"p1": 0}}
+
+    restored = PromptState(seed=3, dataset_size=lambda: 8, prompt_keys=lambda: keys)
+    restored_sampler = restored.new_sampler(
+        num_samples=8, mini_repeat_count=2, batch_size=2, repeat_count=1, shuffle=True
+    )
+    restored.load_state_dict(saved)
+    assert restored_sampler.epoch == 2 and list(restored_sampler) == list(sampler)
+    assert (
+        restored.extra_prompts().take(5) == state.extra_prompts().take(5) and 1 not in taken + state.stream.remaining
+    )

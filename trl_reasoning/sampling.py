@@ -370,3 +370,63 @@ class PromptStream:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.passes = int(state["passes"])
         self.remaining = [int(i) for i in state["remaining"]]
+
+
+class PromptState:
+    """The prompt-sampling state of a run, in one place, as a checkpoint keeps it: ScaleRL's retired prompts, DAPO's
+    stream of extra prompts (made on first use) and the training sampler with its epoch.
+
+    ``dataset_size`` and ``prompt_keys`` are callables so that nothing is read from the dataset before it is needed
+    (an iterable dataset has no length; prompt keys hash every prompt)."""
+
+    def __init__(self, seed: int, dataset_size: Callable[[], int], prompt_keys: Callable[[], Sequence[str]]) -> None:
+        self.seed = seed
+        self.dataset_size = dataset_size
+        self.prompt_keys = prompt_keys
+        self.retired = RetiredPrompts()
+        self.stream: PromptStream | None = None
+        self.sampler: EpochRepeatSampler | None = None
+
+    def extra_prompts(self) -> PromptStream:
+        """The stream of prompts for dynamic sampling's extra rounds."""
+        if self.stream is None:
+            self.stream = PromptStream(self.dataset_size(), self.seed, self.retired, self.prompt_keys)
+        return self.stream
+
+    def new_sampler(
+        self, num_samples: int, mini_repeat_count: int, batch_size: int, repeat_count: int, shuffle: bool
+    ) -> EpochRepeatSampler:
+        """A training sampler that skips the retired prompts; it becomes the one whose epoch is saved."""
+        self.sampler = EpochRepeatSampler(
+            num_samples=num_samples,
+            mini_repeat_count=mini_repeat_count,
+            batch_size=batch_size,
+            repeat_count=repeat_count,
+            shuffle=shuffle,
+            seed=self.seed,
+            retired=self.retired,
+            prompt_keys=self.prompt_keys,
+        )
+        return self.sampler
+
+    @property
+    def epoch(self) -> int | None:
+        """The training sampler's epoch (``None`` before there is a sampler)."""
+        return None if self.sampler is None else self.sampler.epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "retired_prompts": self.retired.state_dict(),
+            "prompt_stream": None if self.stream is None else self.stream.state_dict(),
+            "sampler_epoch": self.epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.retired.load_state_dict(state["retired_prompts"])
+        if state.get("prompt_stream") is not None:
+            self.extra_prompts().load_state_dict(state["prompt_stream"])
+        # The Trainer sets the epoch of a resumed epoch through the dataloader, but with several processes accelerate
+        # wraps the sampler of a resumed (batch-skipping) dataloader one level deeper than the Trainer reaches, and the
+        # sampler would replay epoch 0's order. The checkpoint's own epoch is restored here instead.
+        if state.get("sampler_epoch") is not None and self.sampler is not None:
+            self.sampler.set_epoch(state["sampler_epoch"])

@@ -51,9 +51,8 @@ from .rewards import (
     wrap_reward_function,
 )
 from .sampling import (
-    EpochRepeatSampler,
     GroupPlan,
-    PromptStream,
+    PromptState,
     RetiredPrompts,
     SampledRound,
     group_pass_rates,
@@ -263,10 +262,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self._group_selection = group_selection_name(self.args.dynamic_sampling, self.args.zero_variance_filtering)
         self._scored_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         # Sampling state (saved in checkpoints): ScaleRL's retired prompts and DAPO's extra-prompt stream.
-        self._retired_prompts = RetiredPrompts()
-        self._prompt_stream: PromptStream | None = None
         self._prompt_keys: list[str] | None = None
-        self._train_sampler: EpochRepeatSampler | None = None
+        self._prompt_state = PromptState(self.args.seed, lambda: len(self.train_dataset), self._dataset_prompt_keys)
         # Non-finite loss guard: compute_loss records each micro-batch, the optimizer's step reads it.
         self._nonfinite_guard = NonFiniteStepGuard(self.args.nonfinite_loss_patience)
         # DPPO top-K: the LM head from the hidden states until that fails once; vLLM's own top-K when vLLM generates.
@@ -535,7 +532,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _extra_round_inputs(self, local_size: int, template: dict) -> list[dict]:
         """This process's rows of a fresh generation round: prompts from the seeded stream, each repeated
         ``num_generations`` times, laid out across processes as TRL's sampler does."""
-        stream = self._extra_prompt_stream()
+        stream = self._prompt_state.extra_prompts()
         num_prompts = local_size * self.accelerator.num_processes // self.num_generations
         indices = [i for i in stream.take(num_prompts) for _ in range(self.num_generations)]
         columns = set(template)
@@ -545,12 +542,9 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             rows.append({key: value for key, value in row.items() if key in columns})
         return rows
 
-    def _extra_prompt_stream(self) -> PromptStream:
-        if self._prompt_stream is None:
-            self._prompt_stream = PromptStream(
-                len(self.train_dataset), self.args.seed, self._retired_prompts, self._dataset_prompt_keys
-            )
-        return self._prompt_stream
+    @property
+    def _retired_prompts(self) -> RetiredPrompts:
+        return self._prompt_state.retired
 
     def _dataset_prompt_keys(self) -> list[str]:
         if self._prompt_keys is None:
@@ -569,7 +563,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             return
         keys = gather_object([prompt_key(row.get("prompt")) for row in inputs])
         rates = group_pass_rates(task_rewards, self.num_generations)
-        epoch = self._train_sampler.epoch if self._train_sampler is not None else int(self.state.epoch or 0)
+        epoch = self._prompt_state.epoch if self._prompt_state.epoch is not None else int(self.state.epoch or 0)
         for group, rate in enumerate(rates.tolist()):
             if rate >= threshold:
                 self._retired_prompts.retire(keys[group * self.num_generations], epoch)
@@ -593,17 +587,13 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         resumed run sees the same prompts, and skipping retired prompts (see ``EpochRepeatSampler``)."""
         if dataset is None:
             dataset = self.train_dataset
-        self._train_sampler = EpochRepeatSampler(
+        return self._prompt_state.new_sampler(
             num_samples=len(dataset),
             mini_repeat_count=self.num_generations,
             batch_size=self.args.generation_batch_size // self.num_generations,
             repeat_count=self.num_iterations * self.args.steps_per_generation,
             shuffle=self.shuffle_dataset,
-            seed=self.args.seed,
-            retired=self._retired_prompts,
-            prompt_keys=self._dataset_prompt_keys,
         )
-        return self._train_sampler
 
     # ------------------------------------------------------------------ TRL private overrides 5 and 6 of 6
     def _save_checkpoint(self, model, trial):
@@ -623,22 +613,11 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
 
     def sampling_state_dict(self) -> dict[str, Any]:
         """The sampling state a checkpoint keeps: retired prompts, the dynamic-sampling prompt stream and the epoch the
-        prompt sampler is in."""
-        return {
-            "retired_prompts": self._retired_prompts.state_dict(),
-            "prompt_stream": None if self._prompt_stream is None else self._prompt_stream.state_dict(),
-            "sampler_epoch": None if self._train_sampler is None else self._train_sampler.epoch,
-        }
+        prompt sampler is in (see ``sampling.PromptState``)."""
+        return self._prompt_state.state_dict()
 
     def load_sampling_state_dict(self, state: dict[str, Any]) -> None:
-        self._retired_prompts.load_state_dict(state["retired_prompts"])
-        if state.get("prompt_stream") is not None:
-            self._extra_prompt_stream().load_state_dict(state["prompt_stream"])
-        # The Trainer sets the epoch of a resumed epoch through the dataloader, but with several processes accelerate
-        # wraps the sampler of a resumed (batch-skipping) dataloader one level deeper than the Trainer reaches, and the
-        # sampler would replay epoch 0's order. The checkpoint's own epoch is restored here instead.
-        if state.get("sampler_epoch") is not None and self._train_sampler is not None:
-            self._train_sampler.set_epoch(state["sampler_epoch"])
+        self._prompt_state.load_state_dict(state)
 
     def _combined_rewards(self, rewards_per_func, columns: torch.Tensor | None = None) -> torch.Tensor:
         return combined_rewards(rewards_per_func, self.reward_weights, columns)
