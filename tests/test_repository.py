@@ -28,3 +28,47 @@ def test_ci_runs_the_readme_test_command_verbatim():
 def test_changelog_has_an_unreleased_section():
     changelog = ROOT.joinpath("CHANGELOG.md").read_text()
     assert changelog.startswith("# Changelog") and "## [Unreleased]" in changelog
+
+
+def test_the_built_wheel_has_the_package_its_types_and_trls_constraints(tmp_path):
+    """Build the wheel as pip would (no network: the build backend is already installed) and read what it ships."""
+    import email
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("trl_reasoning-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        (metadata_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        metadata = email.message_from_bytes(archive.read(metadata_name))
+        (entry_points_name,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        entry_points = archive.read(entry_points_name).decode()
+    modules = {
+        f"trl_reasoning/{p.relative_to(ROOT / 'trl_reasoning').as_posix()}" for p in ROOT.glob("trl_reasoning/**/*.py")
+    }
+    assert modules <= names, sorted(modules - names)
+    assert "trl_reasoning/py.typed" in names
+    assert not any(name.startswith("tests/") for name in names)
+    assert metadata["Requires-Python"] == ">=3.11"
+    requires = metadata.get_all("Requires-Dist")
+    assert "trl<1.17.0,>=1.16.0" in requires
+    assert 'trl[vllm]; extra == "vllm"' in requires and 'trl[quantization]; extra == "quantization"' in requires
+    assert "Typing :: Typed" in metadata.get_all("Classifier")
+    assert "trl-reasoning = trl_reasoning.cli:main" in entry_points
