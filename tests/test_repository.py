@@ -33,10 +33,16 @@ def test_changelog_has_an_unreleased_section():
 def test_the_built_wheel_has_the_package_its_types_and_trls_constraints(tmp_path):
     """Build the wheel as pip would (no network: the build backend is already installed) and read what it ships."""
     import email
+    import shutil
     import subprocess
     import sys
     import zipfile
 
+    # From a copy of what the sdist holds, so that no build/ folder is left in (or read from) the checkout.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "trl_reasoning", source / "trl_reasoning", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     subprocess.run(
         [
             sys.executable,
@@ -48,7 +54,7 @@ def test_the_built_wheel_has_the_package_its_types_and_trls_constraints(tmp_path
             "-q",
             "-w",
             str(tmp_path),
-            str(ROOT),
+            str(source),
         ],
         check=True,
         capture_output=True,
