@@ -55,13 +55,13 @@ def run(model_path: str, dynamic: bool, steps: int, output_dir: str) -> dict[str
         trainer.train()
     wall = time.perf_counter() - start
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
-    zero_variance = [entry["sampling/zero_variance_frac"] for entry in logs]
+    zero_variance = [entry["frac_reward_zero_std"] for entry in logs]
     groups_per_batch = args.generation_batch_size // args.num_generations
     if dynamic:
-        rounds = [entry["sampling/generation_rounds"] for entry in logs]
-        kept = [entry["sampling/groups_kept"] / entry["sampling/groups_generated"] for entry in logs]
-        training = [entry["sampling/groups_kept"] for entry in logs]
-        cap = sum(entry["sampling/round_cap_hit"] for entry in logs)
+        rounds = [entry["group_selection/generation_rounds"] for entry in logs]
+        kept = [entry["group_selection/groups_kept"] / entry["group_selection/groups_generated"] for entry in logs]
+        training = [entry["group_selection/groups_kept"] for entry in logs]
+        cap = sum(entry["group_selection/round_cap_hit"] for entry in logs)
     else:  # one round; the groups that carry a gradient are the informative ones
         rounds = [1.0] * len(logs)
         kept = [1.0 - z for z in zero_variance]

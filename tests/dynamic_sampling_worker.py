@@ -60,9 +60,9 @@ def main(model_path: str, out_dir: str) -> None:
     trainer.train()
     checksum = float(sum(p.detach().double().sum() for p in trainer.model.parameters()))
     rounds = [
-        entry["sampling/generation_rounds"]
+        entry["group_selection/generation_rounds"]
         for entry in trainer.state.log_history
-        if "sampling/generation_rounds" in entry
+        if "group_selection/generation_rounds" in entry
     ]
     rank = trainer.accelerator.process_index
     report = {"decisions": decisions, "rows": rows, "parameter_checksum": checksum, "rounds": rounds}

@@ -71,13 +71,16 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(tiny_model_pat
         assert informative_groups(batch["rewards"], 4).all()  # every kept group has mixed rewards
         assert batch["rewards"].numel() == 8
         assert batch["weights"].sum() > 0
-    rounds = logged_metric(trainer, "sampling/generation_rounds")
+    rounds = logged_metric(trainer, "group_selection/generation_rounds")
     assert len(rounds) == 3 and max(rounds) > 1
-    assert all(0 < f < 1 for f in logged_metric(trainer, "sampling/zero_variance_frac"))
-    assert logged_metric(trainer, "sampling/round_cap_hit") == [0.0, 0.0, 0.0]
+    assert all(0 < f < 1 for f in logged_metric(trainer, "frac_reward_zero_std"))  # TRL's, over every round
+    # Only informative groups train: their task reward is never all-equal, so its mean is strictly inside (0, 1).
+    trained = logged_metric(trainer, "group_selection/task_reward_trained")
+    assert len(trained) == 3 and all(0 < r < 1 for r in trained)
+    assert logged_metric(trainer, "group_selection/round_cap_hit") == [0.0, 0.0, 0.0]
     generated, kept = (
-        logged_metric(trainer, "sampling/groups_generated"),
-        logged_metric(trainer, "sampling/groups_kept"),
+        logged_metric(trainer, "group_selection/groups_generated"),
+        logged_metric(trainer, "group_selection/groups_kept"),
     )
     assert kept == [2.0, 2.0, 2.0] and all(g >= k for g, k in zip(generated, kept))
     losses = logged_metric(trainer, "loss")
@@ -92,8 +95,8 @@ def test_running_out_of_rounds_warns_and_finishes(tiny_model_path, tmp_path):
     with pytest.warns(tr.DynamicSamplingWarning, match=r"found 0 informative groups .* max_num_gen_batches=2"):
         trainer.train()
     assert trainer.state.global_step == 3
-    assert logged_metric(trainer, "sampling/round_cap_hit") == [1.0, 1.0, 1.0]
-    assert logged_metric(trainer, "sampling/generation_rounds") == [2.0, 2.0, 2.0]
+    assert logged_metric(trainer, "group_selection/round_cap_hit") == [1.0, 1.0, 1.0]
+    assert logged_metric(trainer, "group_selection/generation_rounds") == [2.0, 2.0, 2.0]
     for batch in recorder.batches:
         assert not batch["active"].any()
         assert torch.all(batch["weights"] == 0) and torch.all(batch["advantages"] == 0)
@@ -130,7 +133,7 @@ def test_zero_variance_filtering_drops_groups_without_generating_more(tiny_model
         zero_variance_filtering=True,
     )
     trainer.train()
-    assert "sampling/generation_rounds" not in trainer.state.log_history[0]
+    assert "group_selection/generation_rounds" not in trainer.state.log_history[0]
     for batch in recorder.batches:
         informative = informative_groups(batch["rewards"], 4)
         assert torch.equal(batch["active"], informative)
@@ -157,7 +160,7 @@ def test_no_positive_resampling_retires_passing_prompts(tiny_model_path, tmp_pat
 
     trainer.reward_funcs[0] = spy
     trainer.train()
-    retired = logged_metric(trainer, "sampling/retired_prompts")
+    retired = logged_metric(trainer, "group_selection/retired_prompts")
     assert retired[-1] >= 2  # the two "fixed" prompts always pass
     assert trainer.sampling_state_dict()["retired_prompts"]["epoch_of"]
     first = [prompts for epoch, prompts in seen if epoch < 1]

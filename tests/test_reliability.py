@@ -494,7 +494,7 @@ def test_dynamic_sampling_out_of_rounds_warns_and_trains_on(tiny_model_path, tmp
     with pytest.warns(tr.DynamicSamplingWarning, match=r"max_num_gen_batches=2"):
         trainer.train()
     assert trainer.state.global_step == 2
-    assert logged_metric(trainer, "sampling/round_cap_hit") == [1.0, 1.0]
+    assert logged_metric(trainer, "group_selection/round_cap_hit") == [1.0, 1.0]
 
 
 # ====================================================================================== resume

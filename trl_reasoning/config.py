@@ -90,7 +90,7 @@ class ReasoningConfig(GRPOConfig):
             dropped, and fresh prompts from the training dataset are generated and scored until the generation
             batch holds `generation_batch_size / num_generations` informative groups, or `max_num_gen_batches`
             rounds have run. When rounds run out the step trains on the groups it has (the missing ones are filled
-            with dropped groups whose loss weight is 0), with a warning and the `sampling/round_cap_hit` metric.
+            with dropped groups whose loss weight is 0), with a warning and the `group_selection/round_cap_hit` metric.
         max_num_gen_batches (`int`, *optional*, defaults to `10`):
             The most generation rounds (the dataloader's batch included) dynamic sampling runs for one batch.
         zero_variance_filtering (`bool`, *optional*, defaults to `False`):

@@ -76,11 +76,13 @@ def select_groups(informative: Sequence[bool], target: int) -> tuple[list[int], 
 @dataclass
 class SampledRound:
     """One generation round as a selection strategy sees it: the round's ``rows`` (opaque here), its gathered shaped
-    ``rewards`` ``(N,)`` and ``informative`` ``(N / G,)`` bool (task rewards not all equal)."""
+    ``rewards`` ``(N,)``, ``informative`` ``(N / G,)`` bool (task rewards not all equal) and, for logging, the
+    ``task_rewards`` ``(N,)`` they were judged on."""
 
     rows: Any
     rewards: torch.Tensor
     informative: torch.Tensor
+    task_rewards: torch.Tensor | None = None
 
 
 @dataclass

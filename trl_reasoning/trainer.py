@@ -381,12 +381,20 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             round_inputs = inputs if index == 0 else self._extra_round_inputs(local_size, template=inputs[0])
             output, rewards, task_rewards = self._score_round(round_inputs, mode)
             self._retire_passing_prompts(round_inputs, task_rewards)
-            return SampledRound(output, rewards, informative_groups(task_rewards, self.num_generations))
+            return SampledRound(output, rewards, informative_groups(task_rewards, self.num_generations), task_rewards)
 
         target = local_size * self.accelerator.num_processes // self.num_generations
         plan = sample_groups(self._group_selection, score_round, target, self.args.max_num_gen_batches)
         active = plan.active if plan.active is not None else torch.ones_like(plan.informative)
         self._log_sampling_metrics(len(plan.rounds), plan.informative, active, cap_hit=plan.cap_hit)
+        if plan.active is not None:
+            # TRL's `reward` and this trainer's `task_reward` average every generated completion; this is the task
+            # reward of the completions that train (dynamic sampling and filtering keep only informative groups).
+            rows = plan.row_sources(self.num_generations)
+            trained = plan.active.repeat_interleave(self.num_generations).tolist()
+            values = [plan.rounds[r].task_rewards[i] for (r, i), keep in zip(rows, trained, strict=True) if keep]
+            mean = torch.nanmean(torch.stack(values)).item() if values else float("nan")
+            self._metrics[mode]["group_selection/task_reward_trained"].append(mean)
         if plan.regroup:
             return self._regrouped_batch(plan, local_size)
         output = plan.rounds[0].rows
@@ -572,14 +580,13 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         metrics = self._metrics["train"]
         args = self.args
         if args.dynamic_sampling:
-            metrics["sampling/generation_rounds"].append(float(rounds))
-            metrics["sampling/round_cap_hit"].append(float(cap_hit))
+            metrics["group_selection/generation_rounds"].append(float(rounds))
+            metrics["group_selection/round_cap_hit"].append(float(cap_hit))
         if args.dynamic_sampling or args.zero_variance_filtering:
-            metrics["sampling/groups_generated"].append(float(informative.numel()))
-            metrics["sampling/groups_kept"].append(float(active.sum()))
-        metrics["sampling/zero_variance_frac"].append(1.0 - informative.float().mean().item())
+            metrics["group_selection/groups_generated"].append(float(informative.numel()))
+            metrics["group_selection/groups_kept"].append(float(active.sum()))
         if args.positive_resampling_threshold is not None:
-            metrics["sampling/retired_prompts"].append(float(len(self._retired_prompts)))
+            metrics["group_selection/retired_prompts"].append(float(len(self._retired_prompts)))
 
     # ------------------------------------------------------------------ TRL private override 4 of 6
     def _get_train_sampler(self, dataset=None):

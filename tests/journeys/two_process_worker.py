@@ -71,8 +71,12 @@ def run(name: str, model_path: str, out_dir: str, mode: str) -> None:
     report = {
         "global_step": trainer.state.global_step,
         "losses": {str(e["step"]): e["loss"] for e in history if "loss" in e},
-        "generation_rounds": [e["sampling/generation_rounds"] for e in history if "sampling/generation_rounds" in e],
-        "retired_prompts": [e["sampling/retired_prompts"] for e in history if "sampling/retired_prompts" in e],
+        "generation_rounds": [
+            e["group_selection/generation_rounds"] for e in history if "group_selection/generation_rounds" in e
+        ],
+        "retired_prompts": [
+            e["group_selection/retired_prompts"] for e in history if "group_selection/retired_prompts" in e
+        ],
         "sampling_state": trainer.sampling_state_dict(),
         "reward_calls": list(REWARD_CALLS),
         "parameter_checksum": float(sum(p.detach().double().sum() for p in trainer.model.parameters())),
