@@ -204,3 +204,42 @@ def test_the_non_finite_step_guard_without_a_model():
             with pytest.warns(NonFiniteLossWarning):
                 optimizer.step()
     assert (Optimizer.taken, skipped, guard.skipped) == (2, [1, 2, 3], 3)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["/venv/bin/python", "/venv/bin/accelerate", "launch", "--cpu", "--num_processes", "2", "train.py"], 2),
+        (["/venv/bin/accelerate", "launch", "--num_processes=4", "-m", "trl_reasoning.cli", "dapo"], 4),
+        (["/venv/bin/python", "/venv/bin/accelerate", "launch", "train.py"], None),
+        (["/venv/bin/python", "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py"], None),
+        (["bash", "run.sh", "--num_processes", "2"], None),
+    ],
+)
+def test_the_launcher_command_line_is_read_for_the_process_count(argv, expected):
+    from trl_reasoning.guards import requested_processes
+
+    assert requested_processes(argv) == expected
+
+
+def test_accelerate_launch_cpu_with_two_processes_is_reported(tmp_path):
+    """`accelerate launch --cpu --num_processes 2` runs one process without a word; the run says so."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch.distributed as dist\n"
+        "from trl_reasoning.guards import warn_if_launcher_lost_processes\n"
+        "warn_if_launcher_lost_processes(dist.get_world_size() if dist.is_initialized() else 1)\n"
+    )
+    accelerate = Path(sys.executable).with_name("accelerate")
+    result = subprocess.run(
+        [str(accelerate), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "LaunchWarning: `accelerate launch` asked for 2 processes, but this run has 1" in result.stderr

@@ -11,7 +11,7 @@ from .dapo import DAPOConfig, DAPOTrainer
 from .dppo import DPPOConfig, DPPOTrainer
 from .dr_grpo import DrGRPOConfig, DrGRPOTrainer
 from .evaluation import mean_pass_at_k, pass_at_k
-from .guards import NonFiniteLossError, NonFiniteLossWarning
+from .guards import LaunchWarning, NonFiniteLossError, NonFiniteLossWarning
 from .losses import compute_policy_loss
 from .maxrl import MaxRLConfig, MaxRLTrainer
 from .model_card import ReasoningModelCardMixin
@@ -42,6 +42,7 @@ __all__ = [
     "DrGRPOConfig",
     "DrGRPOTrainer",
     "DynamicSamplingWarning",
+    "LaunchWarning",
     "NonFiniteLossError",
     "NonFiniteLossWarning",
     "MaxRLConfig",

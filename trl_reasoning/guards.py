@@ -4,11 +4,15 @@ Floor 0 (no TRL import). The trainer records, once per micro-batch, whether any 
 collective, so every process skips the same steps) and installs the guard on its optimizer; the guard skips the next
 ``optimizer.step`` after a flagged micro-batch, warns, and after more than ``patience`` skipped steps in a row
 raises :class:`NonFiniteLossError` (the parameters are then those of the last finite step).
+
+It also holds the launch check: ``accelerate launch --cpu --num_processes 2`` silently runs one process, which
+:func:`warn_if_launcher_lost_processes` reports.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -77,5 +81,49 @@ class NonFiniteStepGuard:
             f"Skipped optimizer step {step}: its loss was NaN or infinite (parameters and optimizer state untouched; "
             f"{self.consecutive} in a row, patience {self.patience}).",
             NonFiniteLossWarning,
+            stacklevel=user_stacklevel(),
+        )
+
+
+class LaunchWarning(UserWarning):
+    """The launcher asked for more processes than the run has."""
+
+
+def requested_processes(launcher_argv: list[str]) -> int | None:
+    """The process count an ``accelerate launch`` command line asks for (``--num_processes N`` or
+    ``--num_processes=N``), or ``None`` when ``launcher_argv`` is not one or does not say."""
+    if not any(os.path.basename(arg) == "accelerate" or arg.endswith("accelerate/commands/accelerate_cli.py")
+               for arg in launcher_argv[:3]) or "launch" not in launcher_argv[:4]:  # fmt: skip
+        return None
+    for index, arg in enumerate(launcher_argv):
+        for flag in ("--num_processes", "--num-processes"):
+            if arg == flag and index + 1 < len(launcher_argv):
+                value = launcher_argv[index + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+            else:
+                continue
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def warn_if_launcher_lost_processes(world_size: int) -> None:
+    """Warn when ``accelerate launch --num_processes N`` (N > 1) started this run but it has fewer processes: with
+    ``--cpu`` accelerate runs a single process and says nothing, so a "two-process" test or run is a one-process one.
+    Reads the parent process's command line (psutil, a TRL dependency); silent when it cannot."""
+    try:
+        import psutil
+
+        launcher = psutil.Process(os.getppid()).cmdline()
+    except Exception:  # noqa: BLE001 - best effort: no psutil, no permission, no parent
+        return
+    requested = requested_processes(launcher)
+    if requested is not None and requested > world_size:
+        warnings.warn(
+            f"`accelerate launch` asked for {requested} processes, but this run has {world_size}: with `--cpu`, "
+            "accelerate starts one process and ignores --num_processes. On CPUs, launch several with "
+            f"`torchrun --nproc_per_node {requested} ...` or `accelerate launch --multi_gpu --num_processes "
+            f"{requested} ...` with `use_cpu=True` in the training config (recipes/README.md).",
+            LaunchWarning,
             stacklevel=user_stacklevel(),
         )
