@@ -1,7 +1,7 @@
 """What the loss re-implements from TRL's ``GRPOTrainer._compute_loss`` (TRL 1.16.0), as pure functions.
 
 The trainer computes its own loss (any objective, any aggregation), so the pieces of TRL's loss that act on every
-objective are mirrored here, each citing what it mirrors. The TRL-equivalence tests (``tests/test_trl_equivalence.py``)
+objective are mirrored here, each citing what it mirrors. The TRL-equivalence tests (``tests/seam/test_trl_equivalence.py``)
 compare whole losses and gradients with TRL's on the same batch, so a change in TRL shows up there.
 """
 

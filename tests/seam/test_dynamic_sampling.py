@@ -292,7 +292,7 @@ def test_scalerl_loss_equals_the_formula_on_a_fixed_batch(tiny_model_path, tmp_p
 
 def test_two_processes_make_the_same_decisions(tiny_model_path, tmp_path):
     worker = Path(__file__).with_name("dynamic_sampling_worker.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29523"]
     command += [str(worker), tiny_model_path, str(tmp_path)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)

@@ -118,7 +118,7 @@ def test_presets_resolve_to_paper_defaults(config_cls):
 
 
 def test_readme_table_of_sources_is_generated_from_the_presets():
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     block = readme.split("<!-- preset-sources:start -->\n")[1].split("<!-- preset-sources:end -->")[0]
     assert block == sources_markdown(list(PRESET_DEFAULTS)), "run `python scripts/sources_table.py` into README.md"
 

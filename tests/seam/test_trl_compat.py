@@ -54,7 +54,7 @@ def test_a_changed_signature_is_named():
 
 
 def test_supported_range_matches_pyproject_and_installed_trl():
-    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     pin = next(d for d in pyproject["project"]["dependencies"] if re.match(r"trl\b", d))
     spec = SpecifierSet(pin[len("trl") :])
     low, high = seam.SUPPORTED_TRL
