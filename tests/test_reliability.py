@@ -482,21 +482,6 @@ def test_nonfinite_loss_beyond_patience_raises(tiny_model_path, tmp_path):
     assert trainer.state.global_step <= 3
 
 
-def constant_reward(completions, **kwargs):
-    return [1.0] * len(completions)
-
-
-@pytest.mark.slow
-def test_dynamic_sampling_out_of_rounds_warns_and_trains_on(tiny_model_path, tmp_path):
-    trainer = _trainer(
-        tiny_model_path, tmp_path, constant_reward, trainer_cls=tr.DAPOTrainer, max_steps=2, max_num_gen_batches=2
-    )
-    with pytest.warns(tr.DynamicSamplingWarning, match=r"max_num_gen_batches=2"):
-        trainer.train()
-    assert trainer.state.global_step == 2
-    assert logged_metric(trainer, "group_selection/round_cap_hit") == [1.0, 1.0]
-
-
 # ====================================================================================== resume
 
 
