@@ -92,8 +92,9 @@ class LaunchWarning(UserWarning):
 def requested_processes(launcher_argv: list[str]) -> int | None:
     """The process count an ``accelerate launch`` command line asks for (``--num_processes N`` or
     ``--num_processes=N``), or ``None`` when ``launcher_argv`` is not one or does not say."""
-    if not any(os.path.basename(arg) == "accelerate" or arg.endswith("accelerate/commands/accelerate_cli.py")
-               for arg in launcher_argv[:3]) or "launch" not in launcher_argv[:4]:  # fmt: skip
+    launcher = launcher_argv[:3]  # [python] accelerate launch ...
+    is_accelerate = any(os.path.basename(arg) == "accelerate" or arg.endswith("accelerate_cli.py") for arg in launcher)
+    if not is_accelerate or "launch" not in launcher_argv[:4]:
         return None
     for index, arg in enumerate(launcher_argv):
         for flag in ("--num_processes", "--num-processes"):
