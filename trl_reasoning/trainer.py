@@ -9,10 +9,12 @@ How a step works, on top of TRL's ``GRPOTrainer``:
 
 1. ``_calculate_rewards`` (TRL's, wrapped): the gathered ``(N, n_funcs)`` rewards are checked by function name and
    kept, together with every completion's length, for step 2.
-2. ``_generate_and_score_completions`` (TRL's, then post-processed): the combined reward gets the configured
-   shaping (DAPO overlong penalty, RLOO's KL penalty), ``advantage_estimator`` turns it into advantages on the whole
-   gathered batch, and ``loss_aggregation`` gives each completion a weight ``w_i`` fixed on that batch
-   (``loss_weights``), which travels with the row through TRL's shuffle and split.
+2. ``_generate_and_score_completions`` (TRL's, once per generation round, then post-processed): the combined reward
+   gets the configured shaping (``shaping.py``); the group-selection strategy (``sampling.sample_groups``: all,
+   zero-variance filtering or dynamic sampling) decides which groups train and whether to generate more;
+   ``advantage_estimator`` turns the rewards into advantages on the whole gathered batch, and ``loss_aggregation``
+   gives each completion a weight ``w_i`` fixed on that batch (``batch.py``, ``loss_weights``), which travels with
+   the row through TRL's shuffle and split.
 3. ``_compute_loss``: ``policy_loss`` gives the per-token loss, TRL's options act on it as in TRL (off-policy mask,
    entropy mask, vLLM importance-sampling correction, ``beta`` KL, entropy bonus, MoE aux loss), and the micro-batch
    loss is ``sum_i w_i sum_t l_it m_it``, scaled so that gradient accumulation and DDP averaging sum to the loss of
