@@ -14,6 +14,7 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
+import trl_reasoning as tr  # noqa: E402
 from trl_reasoning.demo.task import digit_reward  # noqa: E402
 from trl_reasoning.demo.tiny import cpu_config_kwargs, save_tiny_model  # noqa: E402
 
@@ -68,6 +69,25 @@ def message_text(message) -> str:
 def logged_metric(trainer, name) -> list[float]:
     """Every logged value of ``name``, in order."""
     return [entry[name] for entry in trainer.state.log_history if name in entry]
+
+
+#: Every preset: name -> (trainer class, config class, reward function). MaxRL needs a binary reward.
+PRESETS = {
+    "DAPO": (tr.DAPOTrainer, tr.DAPOConfig, digit_fraction),
+    "CISPO": (tr.CISPOTrainer, tr.CISPOConfig, digit_fraction),
+    "DPPO": (tr.DPPOTrainer, tr.DPPOConfig, digit_fraction),
+    "MaxRL": (tr.MaxRLTrainer, tr.MaxRLConfig, has_digit),
+    "RLOO": (tr.RLOOTrainer, tr.RLOOConfig, digit_fraction),
+    "DrGRPO": (tr.DrGRPOTrainer, tr.DrGRPOConfig, digit_fraction),
+    "ScaleRL": (tr.ScaleRLTrainer, tr.ScaleRLConfig, digit_fraction),
+}
+
+
+def lora_config():
+    """The LoRA adapters every LoRA/QLoRA test trains."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
 
 
 class StopAt(TrainerCallback):

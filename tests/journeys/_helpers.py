@@ -12,30 +12,11 @@ import re
 from pathlib import Path
 
 import torch
-from conftest import cpu_args, digit_fraction, has_digit
-
-import trl_reasoning as tr
-
-#: name -> (trainer class, config class, reward function). MaxRL needs a binary reward.
-PRESETS = {
-    "DAPO": (tr.DAPOTrainer, tr.DAPOConfig, digit_fraction),
-    "CISPO": (tr.CISPOTrainer, tr.CISPOConfig, digit_fraction),
-    "DPPO": (tr.DPPOTrainer, tr.DPPOConfig, digit_fraction),
-    "MaxRL": (tr.MaxRLTrainer, tr.MaxRLConfig, has_digit),
-    "RLOO": (tr.RLOOTrainer, tr.RLOOConfig, digit_fraction),
-    "DrGRPO": (tr.DrGRPOTrainer, tr.DrGRPOConfig, digit_fraction),
-    "ScaleRL": (tr.ScaleRLTrainer, tr.ScaleRLConfig, digit_fraction),
-}
+from conftest import PRESETS, cpu_args, lora_config  # noqa: F401  (re-exported to the journeys)
 
 #: The cadence of every journey: checkpoints at 2 and 4, and the run goes on to 5 (past each of them).
 MAX_STEPS = 5
 SAVE_STEPS = 2
-
-
-def lora_config():
-    from peft import LoraConfig
-
-    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
 
 
 def qlora_model_init_kwargs() -> dict:

@@ -7,24 +7,9 @@ import math
 
 import pytest
 import torch
-from conftest import cpu_args, digit_fraction, has_digit
+from conftest import PRESETS, cpu_args, digit_fraction, lora_config
 
 import trl_reasoning as tr
-
-PRESETS = {
-    "DAPO": (tr.DAPOTrainer, tr.DAPOConfig, digit_fraction),
-    "CISPO": (tr.CISPOTrainer, tr.CISPOConfig, digit_fraction),
-    "DPPO": (tr.DPPOTrainer, tr.DPPOConfig, digit_fraction),
-    "MaxRL": (tr.MaxRLTrainer, tr.MaxRLConfig, has_digit),
-    "RLOO": (tr.RLOOTrainer, tr.RLOOConfig, digit_fraction),
-    "DrGRPO": (tr.DrGRPOTrainer, tr.DrGRPOConfig, digit_fraction),
-}
-
-
-def _lora_config():
-    from peft import LoraConfig
-
-    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
 
 
 def _train_and_check(trainer) -> None:
@@ -52,7 +37,7 @@ def test_preset_trains(name, use_lora, tiny_model_path, prompts, tmp_path):
         reward_funcs=reward,
         args=config_cls(**cpu_args(output_dir=str(tmp_path))),
         train_dataset=prompts,
-        peft_config=_lora_config() if use_lora else None,
+        peft_config=lora_config() if use_lora else None,
     )
     if use_lora:
         assert all("lora" in n for n, p in trainer.model.named_parameters() if p.requires_grad)
@@ -77,7 +62,7 @@ def test_qlora_trains_on_cpu(tiny_model_path, prompts, tmp_path):
         reward_funcs=digit_fraction,
         args=args,
         train_dataset=prompts,
-        peft_config=_lora_config(),
+        peft_config=lora_config(),
     )
     assert any("4bit" in type(m).__name__ for m in trainer.model.modules()), "the base model is not quantized"
     _train_and_check(trainer)
