@@ -144,44 +144,33 @@ class TRLCompatibilityError(RuntimeError):
     """The installed TRL no longer has a private method or attribute that trl-reasoning relies on."""
 
 
+def _signature_problems(owner: str, namespace: Any, expected_parameters: dict[str, tuple[str, ...]]) -> list[str]:
+    """What no longer matches: each ``namespace.name`` must exist and its parameters (after ``self``) start with
+    ``expected_parameters[name]``."""
+    problems = []
+    for name, expected in expected_parameters.items():
+        function = getattr(namespace, name, None)
+        if function is None:
+            problems.append(f"{owner}.{name} no longer exists")
+            continue
+        params = [p for p in inspect.signature(function).parameters if p != "self"]
+        if tuple(params[: len(expected)]) != expected:
+            problems.append(
+                f"{owner}.{name} takes ({', '.join(params)}), expected it to start with ({', '.join(expected)})"
+            )
+    return problems
+
+
 def check_trl_private_api(trainer_class: type = GRPOTrainer) -> None:
     """Raise :class:`TRLCompatibilityError` naming every entry of ``TRL_PRIVATE_API`` that ``trainer_class`` lacks or
-    whose leading parameters changed."""
+    whose leading parameters changed (likewise ``TRL_HELPER_FUNCTIONS`` and ``TRL_VLLM_GENERATION``)."""
     import trl
-
-    problems = []
-    for name, expected in TRL_PRIVATE_API.items():
-        method = getattr(trainer_class, name, None)
-        if method is None:
-            problems.append(f"{trainer_class.__name__}.{name} no longer exists")
-            continue
-        params = [p for p in inspect.signature(method).parameters if p != "self"]
-        if tuple(params[: len(expected)]) != expected:
-            problems.append(
-                f"{trainer_class.__name__}.{name} takes ({', '.join(params)}), expected it to start with "
-                f"({', '.join(expected)})"
-            )
     import trl.trainer.utils as trl_utils
-
-    for name, expected in TRL_HELPER_FUNCTIONS.items():
-        function = getattr(trl_utils, name, None)
-        if function is None:
-            problems.append(f"trl.trainer.utils.{name} no longer exists")
-            continue
-        params = list(inspect.signature(function).parameters)
-        if tuple(params[: len(expected)]) != expected:
-            problems.append(
-                f"trl.trainer.utils.{name} takes ({', '.join(params)}), expected it to start with "
-                f"({', '.join(expected)})"
-            )
     from trl.generation.vllm_generation import VLLMGeneration
 
-    for name, expected in TRL_VLLM_GENERATION.items():
-        params = [p for p in inspect.signature(getattr(VLLMGeneration, name)).parameters if p != "self"]
-        if tuple(params[: len(expected)]) != expected:
-            problems.append(
-                f"VLLMGeneration.{name} takes ({', '.join(params)}), expected it to start with ({', '.join(expected)})"
-            )
+    problems = _signature_problems(trainer_class.__name__, trainer_class, TRL_PRIVATE_API)
+    problems += _signature_problems("trl.trainer.utils", trl_utils, TRL_HELPER_FUNCTIONS)
+    problems += _signature_problems("VLLMGeneration", VLLMGeneration, TRL_VLLM_GENERATION)
     init_source = inspect.getsource(VLLMGeneration.__init__)
     for attribute in TRL_VLLM_GENERATION_ATTRIBUTES:
         if f"self.{attribute} =" not in init_source:
