@@ -203,6 +203,12 @@ class DynamicSamplingWarning(UserWarning):
     """Dynamic sampling ran out of generation rounds before the batch was full of informative groups."""
 
 
+def _loss_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The completion tokens that count in the loss: TRL's completion mask, without tool-output tokens."""
+    mask = batch["completion_mask"]
+    return mask if "tool_mask" not in batch else mask * batch["tool_mask"]
+
+
 class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     """A [`~trl.GRPOTrainer`] whose advantage estimator, policy objective, loss aggregation and reward shaping are
     chosen by name in a [`ReasoningConfig`]. Takes exactly `GRPOTrainer`'s arguments.
@@ -446,9 +452,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         ``active_groups`` is ``None``); the rows of this process go into ``output``. Returns the gathered
         advantages."""
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        loss_mask = (
-            output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
-        )
+        loss_mask = _loss_tokens(output)
         token_counts = self.accelerator.gather(loss_mask.sum(dim=1).float())
 
         advantages, weights, active_rows = batch_advantages_and_weights(
@@ -494,9 +498,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             )
         local_rows = self._local_rows(local_size)
         output = {key: value[local_rows] for key, value in batch.items()}
-        loss_mask = (
-            output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
-        )
+        loss_mask = _loss_tokens(output)
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         advantages = self._finalize_batch(output, rewards, plan.active, "train", local_rows, log_advantages=False)
         # The completions table keeps the last round's rows (its deques hold one batch): log what each of them
@@ -679,9 +681,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _compute_loss(self, model, inputs):
         args = self.args
         mode = "train" if self.model.training else "eval"
-        mask = (
-            inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
-        )
+        mask = _loss_tokens(inputs)
         if (
             "row_active" in inputs
         ):  # groups dropped by zero-variance filtering or dynamic sampling: no loss, no metrics
