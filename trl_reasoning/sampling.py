@@ -87,19 +87,17 @@ class SampledRound:
 
 @dataclass
 class GroupPlan:
-    """The outcome of :func:`sample_groups`: the rounds generated, the groups chosen for the batch (indices over all
-    rounds' groups, in batch order), which of them train (``None``: all, no selection was made), whether the rounds
-    ran out before the batch was full, and whether the batch has to be rebuilt from the rounds' rows."""
+    """The outcome of :func:`sample_groups`: the rounds generated, their groups' informative flags, the groups chosen
+    for the batch (indices over all rounds' groups, in batch order), which of them train (``None``: all, no selection
+    was made), whether the rounds ran out before the batch was full, and whether the batch has to be rebuilt from the
+    rounds' rows."""
 
     rounds: list[SampledRound]
+    informative: torch.Tensor  # every round's groups, concatenated
     chosen: list[int]
     active: torch.Tensor | None
     cap_hit: bool
     regroup: bool
-
-    @property
-    def informative(self) -> torch.Tensor:
-        return torch.cat([r.informative for r in self.rounds])
 
     def row_sources(self, num_generations: int) -> list[tuple[int, int]]:
         """``(round, row within the round)`` of every row of the batch, group by group."""
@@ -190,7 +188,7 @@ def sample_groups(
     informative = torch.cat([r.informative for r in rounds])
     chosen, active = selection.select(informative, target)
     cap_hit = selection.regroup and not selection.enough(rounds, target)
-    return GroupPlan(rounds, chosen, active, cap_hit, selection.regroup)
+    return GroupPlan(rounds, informative, chosen, active, cap_hit, selection.regroup)
 
 
 def prompt_key(prompt: Any) -> str:
