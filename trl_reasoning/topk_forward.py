@@ -48,6 +48,8 @@ FORWARD_KEYS = (
 class TopKForwardMixin:
     """The rollout top-K and the loss-time top-K forward of DPPO's ``topk_tv`` / ``topk_kl`` divergences."""
 
+    # Per-instance once assigned: the engine's top-K per generate call (None: not capturing), and whether the LM head
+    # can still be applied to the final hidden states (set False on the first failure).
     _engine_topk: list[tuple[list, list, list]] | None = None
     _lm_head_from_hidden: bool = True
 

@@ -265,9 +265,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self._prompt_state = PromptState(self.args.seed, lambda: len(self.train_dataset), self._dataset_prompt_keys)
         # Non-finite loss guard: compute_loss records each micro-batch, the optimizer's step reads it.
         self._nonfinite_guard = NonFiniteStepGuard(self.args.nonfinite_loss_patience)
-        # DPPO top-K: the LM head from the hidden states until that fails once; vLLM's own top-K when vLLM generates.
-        self._lm_head_from_hidden = True
-        self._engine_topk: list[tuple[list, list, list]] | None = None
+        # DPPO top-K (TopKForwardMixin's defaults: LM head from the hidden states, no engine top-K): vLLM's own top-K
+        # when vLLM generates.
         if self.use_vllm and self._uses_topk_divergence:
             self._keep_engine_topk()
 
