@@ -102,28 +102,28 @@ class StopAt(TrainerCallback):
             control.should_training_stop = True
 
 
-class Recorder:
-    """Wraps a trl-reasoning trainer's ``_finalize_batch`` to keep what each training batch was built from: the
-    gathered rewards, the active groups, and this process's loss weights and advantages."""
+class Recorder(TrainerCallback):
+    """Keeps what each training batch was built from, read from the trainer's public ``last_train_batch`` after every
+    optimizer step: the gathered rewards, the active groups, the advantages and this process's loss weights."""
 
     def __init__(self, trainer):
+        self.trainer = trainer
         self.batches = []
-        original = trainer._finalize_batch
+        self._seen = None
+        trainer.add_callback(self)
 
-        def finalize(output, rewards, active_groups, mode, local_rows, **kwargs):
-            advantages = original(output, rewards, active_groups, mode, local_rows, **kwargs)
-            if mode == "train":
-                self.batches.append(
-                    {
-                        "rewards": rewards.clone(),
-                        "active": None if active_groups is None else active_groups.clone(),
-                        "weights": output["loss_weights"].clone(),
-                        "advantages": output["advantages"].clone(),
-                    }
-                )
-            return advantages
-
-        trainer._finalize_batch = finalize
+    def on_step_end(self, args, state, control, **kwargs):
+        batch = self.trainer.last_train_batch
+        if batch is not None and batch is not self._seen:
+            self._seen = batch
+            self.batches.append(
+                {
+                    "rewards": batch.rewards,
+                    "active": batch.active_groups,
+                    "weights": batch.loss_weights,
+                    "advantages": batch.advantages,
+                }
+            )
 
 
 @pytest.fixture(scope="session")

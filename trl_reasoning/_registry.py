@@ -35,6 +35,11 @@ class Registry(Generic[F]):
 
         return decorator
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a variant registered for a test or an experiment); an unknown name raises."""
+        self.get(name)
+        del self._functions[name], self._traits[name]
+
     def trait(self, name: str, key: str, default: Any = None) -> Any:
         """The trait ``key`` that ``name`` was registered with (``default`` when it has none)."""
         self.get(name)  # an unknown name raises with the allowed values

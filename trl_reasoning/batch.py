@@ -7,10 +7,25 @@ this process's rows. Dynamic sampling builds its batch from rows of several gene
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .advantages import compute_advantages
 from .aggregation import completion_weights
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """What one generation batch trains on, as the trainer fixed it (``ReasoningTrainer.last_train_batch``): the shaped
+    ``rewards`` and ``advantages`` of the gathered batch (all processes, group by group), which groups train
+    (``active_groups``, one bool per group; ``None`` when every group trains) and this process's ``loss_weights``.
+    Read it from a callback's ``on_step_end`` to see what a step trained on."""
+
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    active_groups: torch.Tensor | None
+    loss_weights: torch.Tensor
 
 
 def batch_advantages_and_weights(

@@ -21,6 +21,7 @@ from .aggregation import AGGREGATIONS
 from .losses import DPPO_DEFAULT_THRESHOLDS, POLICY_LOSSES
 from .model_card import record_derived_values
 from .rewards import REWARD_ERROR_POLICIES
+from .sampling import resolve_group_selection
 from .typed_fields import coerce_field_types
 
 # TRL's `loss_type` = (objective, aggregation). `importance_sampling_level="sequence"` turns "grpo" into GSPO.
@@ -96,6 +97,11 @@ class ReasoningConfig(GRPOConfig):
         zero_variance_filtering (`bool`, *optional*, defaults to `False`):
             ScaleRL's zero-variance filtering: groups whose task rewards are all equal get loss weight 0 and the
             loss normalizers count only the other groups. Nothing is regenerated.
+        group_selection (`str` or `None`, *optional*, defaults to `None`):
+            The group-selection strategy by its name in `trl_reasoning.sampling.GROUP_SELECTIONS` (`"all"`,
+            `"zero_variance"`, `"dynamic"`, or one you registered). `None` follows the two switches above
+            (`dynamic_sampling` → `"dynamic"`, `zero_variance_filtering` → `"zero_variance"`, else `"all"`); a name
+            that contradicts a switch that is on is an error.
         positive_resampling_threshold (`float` or `None`, *optional*, defaults to `None`):
             ScaleRL's no-positive-resampling: a prompt whose group pass rate (share of completions with task reward
             `> 0`) reaches this threshold is not sampled again in later epochs (ScaleRL: 0.9). The retired prompts
@@ -202,6 +208,13 @@ class ReasoningConfig(GRPOConfig):
     zero_variance_filtering: bool = field(
         default=False,
         metadata={"help": "ScaleRL: give groups with all-equal rewards loss weight 0 (without generating more)."},
+    )
+    group_selection: str | None = field(
+        default=None,
+        metadata={
+            "help": "Group-selection strategy by registered name (all, zero_variance, dynamic, or your own). "
+            "None = follow dynamic_sampling / zero_variance_filtering."
+        },
     )
     positive_resampling_threshold: float | None = field(
         default=None,
@@ -393,6 +406,7 @@ class ReasoningConfig(GRPOConfig):
                 f"max_num_gen_batches must be >= 1 (the number of generation rounds dynamic sampling may run per "
                 f"batch), got {self.max_num_gen_batches}."
             )
+        resolve_group_selection(self)  # raises on an unknown name or one that contradicts the switches
         threshold = self.positive_resampling_threshold
         if threshold is not None and not 0.0 < threshold <= 1.0:
             raise ValueError(

@@ -174,6 +174,28 @@ def group_selection_name(dynamic_sampling: bool, zero_variance_filtering: bool) 
     return "zero_variance" if zero_variance_filtering else "all"
 
 
+def resolve_group_selection(args: Any) -> str:
+    """The registered strategy a config asks for: its ``group_selection`` name, or the one its ``dynamic_sampling`` /
+    ``zero_variance_filtering`` switches imply when that is ``None``. Raises a ``ValueError`` naming the field for an
+    unknown name, or for a name that contradicts a switch that is on."""
+    implied = group_selection_name(args.dynamic_sampling, args.zero_variance_filtering)
+    chosen = getattr(args, "group_selection", None)
+    if chosen is None:
+        return implied
+    if chosen not in GROUP_SELECTIONS:
+        raise ValueError(
+            f"Unknown group_selection {chosen!r}. Allowed values: {', '.join(GROUP_SELECTIONS.names())} (register "
+            "your own with @GROUP_SELECTIONS.register), or None."
+        )
+    if implied != "all" and chosen != implied:
+        switch = "dynamic_sampling" if args.dynamic_sampling else "zero_variance_filtering"
+        raise ValueError(
+            f"group_selection={chosen!r} contradicts {switch}=True (which means group_selection={implied!r}). Set "
+            f"{switch}=False to use {chosen!r}, or drop group_selection."
+        )
+    return chosen
+
+
 def sample_groups(
     strategy: str, score_round: Callable[[int], SampledRound], target: int, max_rounds: int
 ) -> GroupPlan:

@@ -41,7 +41,7 @@ from trl.trainer.utils import add_fused_lm_head
 from ._warnings import user_stacklevel
 from .advantages import ADVANTAGE_ESTIMATORS
 from .aggregation import aggregate_loss
-from .batch import batch_advantages_and_weights, left_padded, pad_value, stack_rows
+from .batch import TrainBatch, batch_advantages_and_weights, left_padded, pad_value, stack_rows
 from .config import ReasoningConfig
 from .guards import NonFiniteStepGuard, warn_if_launcher_lost_processes
 from .lm_head import cast_lm_head_to_fp32, unwrap_peft
@@ -53,14 +53,15 @@ from .rewards import (
     wrap_reward_function,
 )
 from .sampling import (
+    GROUP_SELECTIONS,
     GroupPlan,
     PromptState,
     RetiredPrompts,
     SampledRound,
     group_pass_rates,
-    group_selection_name,
     informative_groups,
     prompt_key,
+    resolve_group_selection,
     sample_groups,
 )
 from .shaping import check_binary_rewards, combined_rewards, sequence_kl
@@ -258,7 +259,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
         ]
         self._task_reward_columns = self._resolve_task_reward_columns()
-        self._group_selection = group_selection_name(self.args.dynamic_sampling, self.args.zero_variance_filtering)
+        self._group_selection = resolve_group_selection(self.args)
+        self.last_train_batch: TrainBatch | None = None
         self._scored_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         # Sampling state (saved in checkpoints): ScaleRL's retired prompts and DAPO's extra-prompt stream.
         self._prompt_keys: list[str] | None = None
@@ -294,10 +296,14 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
                         "trainers generate from a 'prompt' column of text or chat messages; rename yours, e.g. "
                         "dataset.rename_column('question', 'prompt')."
                     )
+        generates_more = GROUP_SELECTIONS.get(self._group_selection)().rounds(self.args.max_num_gen_batches) > 1
         needs_indexing = [
             name
             for name, on in (
-                ("dynamic_sampling", self.args.dynamic_sampling),
+                (
+                    "dynamic_sampling" if self.args.dynamic_sampling else f"group_selection={self._group_selection!r}",
+                    generates_more,
+                ),
                 ("positive_resampling_threshold", self.args.positive_resampling_threshold is not None),
             )
             if on
@@ -383,16 +389,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
 
         target = local_size * self.accelerator.num_processes // self.num_generations
         plan = sample_groups(self._group_selection, score_round, target, self.args.max_num_gen_batches)
-        active = plan.active if plan.active is not None else torch.ones_like(plan.informative)
-        self._log_sampling_metrics(len(plan.rounds), plan.informative, active, cap_hit=plan.cap_hit)
-        if plan.active is not None:
-            # TRL's `reward` and this trainer's `task_reward` average every generated completion; this is the task
-            # reward of the completions that train (dynamic sampling and filtering keep only informative groups).
-            rows = plan.row_sources(self.num_generations)
-            trained = plan.active.repeat_interleave(self.num_generations).tolist()
-            values = [plan.rounds[r].task_rewards[i] for (r, i), keep in zip(rows, trained, strict=True) if keep]
-            mean = torch.nanmean(torch.stack(values)).item() if values else float("nan")
-            self._metrics[mode]["group_selection/task_reward_trained"].append(mean)
+        self._log_sampling_metrics(plan)
         if plan.regroup:
             return self._regrouped_batch(plan, local_size)
         output = plan.rounds[0].rows
@@ -469,6 +466,13 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         output["advantages"] = advantages[local_rows]
         output["loss_weights"] = weights[local_rows]
 
+        if mode == "train":
+            self.last_train_batch = TrainBatch(
+                rewards.detach().clone(),
+                advantages.detach().clone(),
+                None if active_groups is None else active_groups.detach().clone(),
+                output["loss_weights"].detach().clone(),
+            )
         if log_advantages:
             self._logs["advantages"].extend(advantages.tolist())
         self._metrics[mode]["advantages/mean"].append(advantages.mean().item())
@@ -570,16 +574,22 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             if rate >= threshold:
                 self._retired_prompts.retire(keys[group * self.num_generations], epoch)
 
-    def _log_sampling_metrics(self, rounds: int, informative, active, cap_hit: bool = False) -> None:
+    def _log_sampling_metrics(self, plan: GroupPlan) -> None:
         metrics = self._metrics["train"]
-        args = self.args
-        if args.dynamic_sampling:
-            metrics["group_selection/generation_rounds"].append(float(rounds))
-            metrics["group_selection/round_cap_hit"].append(float(cap_hit))
-        if args.dynamic_sampling or args.zero_variance_filtering:
-            metrics["group_selection/groups_generated"].append(float(informative.numel()))
-            metrics["group_selection/groups_kept"].append(float(active.sum()))
-        if args.positive_resampling_threshold is not None:
+        if plan.regroup:  # a strategy that may generate more rounds
+            metrics["group_selection/generation_rounds"].append(float(len(plan.rounds)))
+            metrics["group_selection/round_cap_hit"].append(float(plan.cap_hit))
+        if plan.active is not None:  # a strategy that made a selection
+            metrics["group_selection/groups_generated"].append(float(plan.informative.numel()))
+            metrics["group_selection/groups_kept"].append(float(plan.active.sum()))
+            # TRL's `reward` and this trainer's `task_reward` average every generated completion; this is the task
+            # reward of the completions that train.
+            rows = plan.row_sources(self.num_generations)
+            trained = plan.active.repeat_interleave(self.num_generations).tolist()
+            values = [plan.rounds[r].task_rewards[i] for (r, i), keep in zip(rows, trained, strict=True) if keep]
+            mean = torch.nanmean(torch.stack(values)).item() if values else float("nan")
+            metrics["group_selection/task_reward_trained"].append(mean)
+        if self.args.positive_resampling_threshold is not None:
             metrics["group_selection/retired_prompts"].append(float(len(self._retired_prompts)))
 
     # ------------------------------------------------------------------ TRL private override 4 of 6
@@ -678,12 +688,9 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
 
     # ------------------------------------------------------------------ TRL private override 3 of 6
     def _compute_loss(self, model, inputs):
-        args = self.args
         mode = "train" if self.model.training else "eval"
         mask = _loss_tokens(inputs)
-        if (
-            "row_active" in inputs
-        ):  # groups dropped by zero-variance filtering or dynamic sampling: no loss, no metrics
+        if "row_active" in inputs:  # groups dropped by group selection: no loss, no metrics
             mask = mask * inputs["row_active"].unsqueeze(1)
         per_token_logps, entropies, topk_logps, aux_loss = self._policy_forward(model, inputs)
         entropy_mask = (
@@ -691,11 +698,34 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             if self.top_entropy_quantile < 1.0
             else None
         )
+        per_token_loss, per_token_kl, stats = self._per_token_objective(
+            inputs, per_token_logps, topk_logps, mask, entropy_mask
+        )
+        # w_i were fixed on the whole generation batch. Gradient accumulation sums micro-batch gradients and DDP
+        # averages over processes, so the factor makes one optimizer step follow the gradient of that batch's loss
+        # (scaled by steps_per_generation / GA when one generation batch feeds several optimizer steps, as TRL does).
+        scale = float(self.accelerator.num_processes)
+        if mode == "train":
+            scale *= self.args.steps_per_generation / self.current_gradient_accumulation_steps
+        loss = aggregate_loss(per_token_loss, mask, weights=inputs["loss_weights"]) * scale
+        policy_loss = loss.detach()
+        if self._entropy_bonus_enabled:
+            loss = loss - self._entropy_bonus(entropies, mask if entropy_mask is None else mask * entropy_mask, mode)
+        if self.aux_loss_enabled:
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather(aux_loss.detach()).mean().item())
+        self._log_loss_metrics(mode, mask, entropies, stats, policy_loss, per_token_kl)
+        return loss
+
+    def _per_token_objective(self, inputs, per_token_logps, topk_logps, mask, entropy_mask):
+        """The configured policy loss per token, with TRL's token masks and (unless it is in the reward) TRL's k3 KL
+        term. Returns ``(per_token_loss, per_token_kl or None, the loss's stats)``."""
+        args = self.args
         advantages = inputs["advantages"].unsqueeze(1) if inputs["advantages"].dim() == 1 else inputs["advantages"]
         old_per_token_logps = inputs.get("old_per_token_logps")
         if old_per_token_logps is None:  # on-policy: TRL skips the extra forward, the ratio is 1 with a gradient
             old_per_token_logps = per_token_logps.detach()
-
         stats: dict[str, torch.Tensor] = {}
         per_token_loss = compute_policy_loss(
             args.policy_loss,
@@ -709,34 +739,17 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         per_token_loss = self._apply_trl_token_masks(
             per_token_loss, inputs, per_token_logps, old_per_token_logps, advantages, mask, entropy_mask
         )
-        per_token_kl = None
-        if self.beta != 0.0 and not args.kl_in_reward:
-            per_token_kl = k3_kl(
-                inputs["ref_per_token_logps"],
-                per_token_logps,
-                old_per_token_logps,
-                mask,
-                bias_correction=args.use_bias_correction_kl,
-                sequence_level=args.importance_sampling_level == "sequence",
-            )
-            per_token_loss = per_token_loss + self.beta * per_token_kl
-
-        # w_i were fixed on the whole generation batch. Gradient accumulation sums micro-batch gradients and DDP
-        # averages over processes, so the factor makes one optimizer step follow the gradient of that batch's loss
-        # (scaled by steps_per_generation / GA when one generation batch feeds several optimizer steps, as TRL does).
-        scale = float(self.accelerator.num_processes)
-        if mode == "train":
-            scale *= args.steps_per_generation / self.current_gradient_accumulation_steps
-        loss = aggregate_loss(per_token_loss, mask, weights=inputs["loss_weights"]) * scale
-        policy_loss = loss.detach()
-        if self._entropy_bonus_enabled:
-            loss = loss - self._entropy_bonus(entropies, mask if entropy_mask is None else mask * entropy_mask, mode)
-        if self.aux_loss_enabled:
-            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather(aux_loss.detach()).mean().item())
-        self._log_loss_metrics(mode, mask, entropies, stats, policy_loss, per_token_kl)
-        return loss
+        if self.beta == 0.0 or args.kl_in_reward:
+            return per_token_loss, None, stats
+        per_token_kl = k3_kl(
+            inputs["ref_per_token_logps"],
+            per_token_logps,
+            old_per_token_logps,
+            mask,
+            bias_correction=args.use_bias_correction_kl,
+            sequence_level=args.importance_sampling_level == "sequence",
+        )
+        return per_token_loss + self.beta * per_token_kl, per_token_kl, stats
 
     def _policy_forward(self, model, inputs):
         """The current policy's sampled-token log-probs, entropies, log-probs at the stored rollout top-K ids (only
@@ -813,8 +826,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             "rollout_topk_logps": inputs.get("rollout_topk_logps"),
             "topk_logps": topk_logps,
         }
-        accepted = inspect.signature(POLICY_LOSSES.get(args.policy_loss)).parameters
-        return {name: value for name, value in available.items() if name in accepted}
+        return POLICY_LOSSES.kwargs_for(args.policy_loss, available)
 
     def _entropy_bonus(self, entropies, effective_mask, mode) -> torch.Tensor:
         """TRL's entropy bonus ``coef * H`` (static or adaptive coefficient), H the micro-batch's mean entropy."""

@@ -240,8 +240,8 @@ def test_a_new_strategy_is_one_class_and_one_registry_line():
         plan = sample_groups("first_informative_round", score_round, target=2, max_rounds=3)
         assert calls == [0, 1] and plan.chosen == [2, 3] and plan.row_sources(2)[0] == (1, 0)
     finally:
-        GROUP_SELECTIONS._functions.pop("first_informative_round")
-        GROUP_SELECTIONS._traits.pop("first_informative_round")
+        GROUP_SELECTIONS.unregister("first_informative_round")
+    assert "first_informative_round" not in GROUP_SELECTIONS
 
 
 def test_the_config_switches_name_the_strategy():

@@ -16,6 +16,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
 
 import trl_reasoning as tr  # noqa: E402
 from trl_reasoning.demo.tiny import cpu_config_kwargs  # noqa: E402
@@ -48,15 +49,16 @@ def main(model_path: str, out_dir: str) -> None:
     )
     trainer = tr.DAPOTrainer(model=model_path, reward_funcs=reward, args=args, train_dataset=dataset)
     decisions, rows = [], []
-    original = trainer._finalize_batch
 
-    def record(output, rewards, active_groups, mode, local_rows, **kwargs):
-        advantages = original(output, rewards, active_groups, mode, local_rows, **kwargs)
-        decisions.append({"rewards": rewards.tolist(), "active": active_groups.tolist()})
-        rows.append(int(output["completion_ids"].shape[0]))
-        return advantages
+    class RecordBatches(TrainerCallback):
+        """What each step trained on, from the trainer's public ``last_train_batch``."""
 
-    trainer._finalize_batch = record
+        def on_step_end(self, args, state, control, **kwargs):
+            batch = trainer.last_train_batch
+            decisions.append({"rewards": batch.rewards.tolist(), "active": batch.active_groups.tolist()})
+            rows.append(int(batch.loss_weights.shape[0]))
+
+    trainer.add_callback(RecordBatches())
     trainer.train()
     checksum = float(sum(p.detach().double().sum() for p in trainer.model.parameters()))
     rounds = [

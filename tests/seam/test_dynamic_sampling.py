@@ -19,7 +19,7 @@ from conftest import Recorder, StopAt, cpu_args, logged_metric, message_text
 from datasets import Dataset
 
 import trl_reasoning as tr
-from trl_reasoning.sampling import informative_groups
+from trl_reasoning.sampling import GROUP_SELECTIONS, GroupSelection, informative_groups
 from trl_reasoning.trainer import SAMPLING_STATE_FILE
 
 pytestmark = pytest.mark.slow
@@ -238,7 +238,7 @@ def test_scalerl_loss_equals_the_formula_on_a_fixed_batch(tiny_model_path, tmp_p
     std of the centred advantages over the kept groups (the scalerl estimator, which differs from the raw-reward
     batch std once two groups have different means), CISPO per token, prompt_mean weights; recomputed here in
     float64 from the batch's rewards and log-probabilities."""
-    trainer, recorder = _build(
+    trainer, _ = _build(
         tiny_model_path,
         flagged_prompts(8, 8),
         flagged_reward,
@@ -253,7 +253,7 @@ def test_scalerl_loss_equals_the_formula_on_a_fixed_batch(tiny_model_path, tmp_p
     trainer.model.train()
     torch.manual_seed(7)
     inputs = trainer._generate_and_score_completions(batch)
-    rewards = recorder.batches[0]["rewards"].double()
+    rewards = trainer.last_train_batch.rewards.double()
     groups = rewards.view(3, 4)
     assert groups[0].tolist() == [1.0] * 4 and all(len(set(g.tolist())) > 1 for g in groups[1:])
     assert groups[1].mean() != groups[2].mean()  # so scalerl and the raw-reward batch std differ
@@ -338,7 +338,7 @@ def test_only_the_task_reward_decides_which_groups_train(tiny_model_path, tmp_pa
     batch = [dataset[i] for i in (0, 2) for _ in range(4)]  # "fixed 0": correctness all 1; "open 0": varied
 
     def active_rows(**task):
-        trainer, recorder = _build(
+        trainer, _ = _build(
             tiny_model_path,
             flagged_prompts(8, 8),
             [flagged_reward, varied_format],
@@ -355,11 +355,11 @@ def test_only_the_task_reward_decides_which_groups_train(tiny_model_path, tmp_pa
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", tr.DynamicSamplingWarning)  # one round cannot fill the batch
             inputs = trainer._generate_and_score_completions(batch)
-        combined = recorder.batches[0]["rewards"].view(2, 4)
+        combined = trainer.last_train_batch.rewards.view(2, 4)
         assert all(len(set(group.tolist())) > 1 for group in combined)  # the combined reward varies in both
         # Rows may be regrouped (dynamic sampling stacks the kept groups first): name each row by its prompt.
         prompts = trainer.processing_class.batch_decode(inputs["prompt_ids"], skip_special_tokens=True)
-        weights = recorder.batches[0]["weights"]
+        weights = trainer.last_train_batch.loss_weights
         return {"fixed" if "fixed" in text else "open" for text, w in zip(prompts, weights.tolist()) if w > 0}
 
     assert active_rows(task_reward_funcs=["flagged_reward"]) == {"open"}
@@ -374,3 +374,59 @@ def test_a_warning_during_training_points_at_the_users_line(tiny_model_path, tmp
     with pytest.warns(tr.DynamicSamplingWarning) as record:
         trainer.train()
     assert {w.filename for w in record if w.category is tr.DynamicSamplingWarning} == {__file__}, "stacklevel"
+
+
+@pytest.fixture
+def replace_strategy():
+    """A strategy the package does not ship, registered the way a user would (one class, one registry line): no extra
+    generation; each uninformative group is replaced by a copy of an informative group of the same round (in the
+    spirit of SkyRL's "replace" dynamic sampling), so every row of the batch trains."""
+
+    @GROUP_SELECTIONS.register("replace_uninformative")
+    class ReplaceUninformative(GroupSelection):
+        regroup = True  # rows are rebuilt: a kept group may appear twice
+
+        def select(self, informative, target):
+            kept = [g for g, flag in enumerate(informative.tolist()) if flag]
+            if not kept:  # nothing to copy: the batch trains nothing
+                return list(range(target)), torch.zeros(target, dtype=torch.bool)
+            return [g if informative[g] else kept[g % len(kept)] for g in range(target)], torch.ones(
+                target, dtype=bool
+            )
+
+    yield "replace_uninformative"
+    GROUP_SELECTIONS.unregister("replace_uninformative")
+
+
+def test_a_registered_strategy_trains_by_its_config_name(tiny_model_path, tmp_path, replace_strategy):
+    """The seam never names a strategy: `group_selection=<registered name>` on a plain ReasoningConfig is enough for
+    a two-step run, and every group that trains is informative."""
+    trainer, recorder = _build(
+        tiny_model_path,
+        flagged_prompts(2, 6),
+        flagged_reward,
+        config_class=tr.ReasoningConfig,
+        trainer_class=tr.ReasoningTrainer,
+        output_dir=str(tmp_path),
+        group_selection=replace_strategy,
+        max_steps=2,
+    )
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert len(recorder.batches) == 2
+    for batch in recorder.batches:
+        assert bool(batch["active"].all())
+        assert bool(informative_groups(batch["rewards"], 4).all())
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert logged_metric(trainer, "group_selection/groups_kept") and logged_metric(
+        trainer, "group_selection/generation_rounds"
+    ) == [1.0, 1.0]
+
+
+def test_group_selection_names_must_be_registered_and_agree_with_the_switches(replace_strategy):
+    with pytest.raises(ValueError, match="Unknown group_selection 'nope'. Allowed values: all, zero_variance"):
+        tr.ReasoningConfig(**cpu_args(group_selection="nope"))
+    with pytest.raises(ValueError, match="group_selection='replace_uninformative' contradicts dynamic_sampling=True"):
+        tr.DAPOConfig(**cpu_args(group_selection=replace_strategy))
+    tr.DAPOConfig(**cpu_args(group_selection=replace_strategy, dynamic_sampling=False))
+    tr.DAPOConfig(**cpu_args(group_selection="dynamic"))
