@@ -29,6 +29,12 @@ def test_dppo_topk_bench_quick():
     assert "| DPPO topk_tv |" in table and "| DAPO |" in table
 
 
+def test_dppo_topk_sharded_bench_quick():
+    pytest.importorskip("deepspeed")
+    table = _load("dppo_topk_sharded").main(["--quick"])
+    assert "| zero3 |" in table
+
+
 def test_overhead_bench_quick():
     table = _load("overhead").main(["--quick"])
     assert "| DAPO | loss_type=dapo" in table

@@ -55,7 +55,7 @@ def test_help_lists_the_algorithm_fields_with_paper_defaults(capsys):
 def test_yaml_sets_defaults_and_flags_override(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("task: gsm8k\nlearning_rate: 2.0e-6\nepsilon_high: 4.0\nmodel_name_or_path: org/model\n")
-    data, args, model = cli.parse(
+    data, args, model, _ = cli.parse(
         "cispo",
         ["--config", str(recipe), "--learning_rate", "3e-6", "--use_cpu", "true", "--output_dir", str(tmp_path)],
     )
@@ -167,3 +167,36 @@ def test_eval_needs_a_model_and_a_known_split(tmp_path):
         cli.run(["eval", "--model_name_or_path", str(tmp_path), "--task", "reverse", "--split", "validation"])
     with pytest.raises(ValueError, match="No dataset: set --dataset_name"):
         cli.load_task_dataset(None, None, None)
+
+
+def test_trl_script_arguments_reward_names_and_dataset_mixtures(tmp_path):
+    """The training subcommands take what `trl grpo` takes: TRL's ScriptArguments, its reward-function names, a YAML
+    `reward_funcs` string and a `datasets:` mixture (loaded with TRL's `get_dataset`)."""
+    import trl
+    from trl.rewards import accuracy_reward, think_format_reward
+
+    assert issubclass(cli.DataArguments, trl.ScriptArguments)
+    assert cli.resolve_reward_funcs(["accuracy_reward", "think_format_reward"]) == [
+        accuracy_reward,
+        think_format_reward,
+    ]
+    data_file = tmp_path / "mine.jsonl"
+    data_file.write_text("".join(f'{{"prompt": "{i}+1="}}\n' for i in range(4)))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "reward_funcs: trl_reasoning.demo.task.digit_reward\ndataset_streaming: true\n"
+        f"datasets:\n  - path: json\n    data_files: {data_file}\n    split: train\n"
+    )
+    data, _, _, mixture = cli.parse("dapo", ["--config", str(recipe), "--use_cpu", "true"])
+    assert data.reward_funcs == ["trl_reasoning.demo.task.digit_reward"] and data.dataset_streaming
+    assert trl.get_dataset(mixture)["train"]["prompt"] == [f"{i}+1=" for i in range(4)]
+
+
+def test_launch_flags_go_to_accelerate():
+    launch, rest = cli._launch_arguments(
+        ["--num_processes", "2", "--learning_rate", "1e-5", "--accelerate_config=recipes/accelerate/zero2.yaml"]
+    )
+    assert launch == ["--num_processes", "2", "--config_file", "recipes/accelerate/zero2.yaml"]
+    assert rest == ["--learning_rate", "1e-5"]
+    with pytest.raises(SystemExit, match="--num_processes needs a value"):
+        cli._launch_arguments(["--num_processes"])

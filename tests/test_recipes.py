@@ -31,7 +31,7 @@ def test_recipe_parses_into_its_config(path, tmp_path):
         pytest.skip(f"{algorithm} is not in this installation")
     config_class, _ = cli.load_preset(algorithm)
     raw = yaml.safe_load(path.read_text())
-    data, args, model = cli.parse(algorithm, ["--config", str(path), *CPU])
+    data, args, model, _ = cli.parse(algorithm, ["--config", str(path), *CPU])
     assert type(args) is config_class
     # every key of the YAML landed in one of the three dataclasses, with its value
     for key, value in raw.items():
@@ -56,12 +56,12 @@ def test_recipe_parses_into_its_config(path, tmp_path):
 
 
 def test_gsm8k_recipes_use_each_algorithms_paper_defaults(tmp_path):
-    _, dapo, _ = cli.parse("dapo", ["--config", str(RECIPES / "dapo/qwen2.5-1.5b-gsm8k.yaml"), *CPU])
+    _, dapo, _, _ = cli.parse("dapo", ["--config", str(RECIPES / "dapo/qwen2.5-1.5b-gsm8k.yaml"), *CPU])
     assert (dapo.epsilon, dapo.epsilon_high, dapo.loss_aggregation) == (0.2, 0.28, "token_mean")
     assert dapo.overlong_cache_length == round(0.2 * dapo.max_completion_length)
-    _, cispo, _ = cli.parse("cispo", ["--config", str(RECIPES / "cispo/qwen2.5-1.5b-gsm8k.yaml"), *CPU])
+    _, cispo, _, _ = cli.parse("cispo", ["--config", str(RECIPES / "cispo/qwen2.5-1.5b-gsm8k.yaml"), *CPU])
     assert (cispo.policy_loss, cispo.epsilon_high) == ("cispo", 5.0)
-    _, rloo, _ = cli.parse("rloo", ["--config", str(RECIPES / "rloo/qwen2.5-1.5b-gsm8k.yaml"), *CPU])
+    _, rloo, _, _ = cli.parse("rloo", ["--config", str(RECIPES / "rloo/qwen2.5-1.5b-gsm8k.yaml"), *CPU])
     assert (rloo.advantage_estimator, rloo.beta, rloo.kl_in_reward) == ("rloo", 0.05, True)
 
 

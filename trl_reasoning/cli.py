@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trl import ScriptArguments
+
 #: Subcommand -> (module, config class, trainer class).
 PRESETS: dict[str, tuple[str, str, str]] = {
     "dapo": ("trl_reasoning.dapo", "DAPOConfig", "DAPOTrainer"),
@@ -38,6 +40,11 @@ PRESETS: dict[str, tuple[str, str, str]] = {
 TASKS = ("reverse", "gsm8k")
 #: Reward functions selectable by name in `--reward_funcs` (a dotted import path works too).
 REWARD_FUNCS: dict[str, str] = {
+    # TRL's own (the names `trl grpo` accepts)
+    "accuracy_reward": "trl.rewards:accuracy_reward",
+    "reasoning_accuracy_reward": "trl.rewards:reasoning_accuracy_reward",
+    "think_format_reward": "trl.rewards:think_format_reward",
+    # this package's
     "math_answer_reward": "trl_reasoning.rewards_math:math_answer_reward",
     "exact_match_reward": "trl_reasoning.demo.task:exact_match_reward",
     "digit_reward": "trl_reasoning.demo.task:digit_reward",
@@ -98,24 +105,23 @@ def resolve_reward_funcs(names: Sequence[str]) -> list[Callable]:
 
 
 @dataclass
-class DataArguments:
+class DataArguments(ScriptArguments):
     r"""
-    Dataset and reward arguments of the algorithm subcommands (TRL's `ScriptArguments` plus a task and rewards).
+    Dataset and reward arguments of the algorithm subcommands: TRL's `ScriptArguments` (`dataset_name`,
+    `dataset_config`, `dataset_train_split`, `dataset_test_split`, `dataset_streaming`) plus a task and rewards. TRL's
+    dataset mixtures (`datasets:` in the YAML, `DatasetMixtureConfig`) are accepted as in `trl grpo`.
 
     Parameters:
         dataset_name (`str`, *optional*):
-            A dataset for `datasets.load_dataset` (Hub id or local path). Set by `task` when unset.
-        dataset_config (`str`, *optional*):
-            The dataset's configuration name.
-        dataset_train_split (`str`, *optional*, defaults to `"train"`), dataset_test_split (`str`, *optional*,
-        defaults to `"test"`):
-            Splits for training and held-out evaluation.
+            A dataset for `datasets.load_dataset`: a Hub id, a local folder, or one local data file (`.jsonl`,
+            `.json`, `.csv`, `.parquet`, `.txt`; its rows are the `train` split). Set by `task` when unset.
         task (`str`, *optional*):
             `"gsm8k"` (GSM8K prompts, `math_answer_reward`) or `"reverse"` (the embedded digit-reversal task, with the
             cached warm-start tiny model when `model_name_or_path` is unset).
         reward_funcs (`list[str]`, *optional*):
-            Reward function names (`math_answer_reward`, `exact_match_reward`, `digit_reward`) or dotted import paths.
-            Defaults to the task's reward.
+            Reward function names (TRL's `accuracy_reward`, `reasoning_accuracy_reward`, `think_format_reward`; this
+            package's `math_answer_reward`, `exact_match_reward`, `digit_reward`) or dotted import paths. One name (a
+            YAML string) is a list of one. Defaults to the task's reward.
         pass_at_k_samples (`int`, *optional*, defaults to `0`):
             With a held-out split, log pass@k every `eval_steps` from this many samples per prompt (0 = off).
         pass_at_k (`list[int]`, *optional*, defaults to `[1]`):
@@ -124,10 +130,6 @@ class DataArguments:
             Evaluate pass@k on at most this many held-out prompts.
     """
 
-    dataset_name: str | None = field(default=None, metadata={"help": "Dataset for datasets.load_dataset."})
-    dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration name."})
-    dataset_train_split: str = field(default="train", metadata={"help": "Training split."})
-    dataset_test_split: str = field(default="test", metadata={"help": "Held-out split."})
     task: str | None = field(
         default=None,
         metadata={"help": "Embedded task: 'gsm8k' (math answers) or 'reverse' (the demo's digit reversal)."},
@@ -143,6 +145,7 @@ class DataArguments:
     pass_at_k_max_prompts: int | None = field(default=None, metadata={"help": "Held-out prompts for pass@k."})
 
     def __post_init__(self):
+        self.reward_funcs = _as_list(self.reward_funcs)
         if self.task is not None and self.task not in TASKS:
             raise ValueError(f"--task: unknown task {self.task!r}. Allowed values: {', '.join(TASKS)}.")
         if self.pass_at_k_samples < 0:
@@ -193,11 +196,17 @@ class EvalArguments:
     output_json: str | None = field(default=None, metadata={"help": "Write the metrics to this JSON file."})
 
     def __post_init__(self):
+        self.reward_funcs = _as_list(self.reward_funcs)
         if self.task is not None and self.task not in TASKS:
             raise ValueError(f"--task: unknown task {self.task!r}. Allowed values: {', '.join(TASKS)}.")
 
 
-def load_task_dataset(task: str | None, dataset_name: str | None, dataset_config: str | None):
+def _as_list(value: Any) -> list | None:
+    """A YAML `reward_funcs: my_module.fn` is one string, not a list of characters."""
+    return [value] if isinstance(value, str) else value
+
+
+def load_task_dataset(task: str | None, dataset_name: str | None, dataset_config: str | None, streaming: bool = False):
     """The dataset (a `DatasetDict`) of an embedded task or of `load_dataset(dataset_name, dataset_config)`."""
     from datasets import Dataset, DatasetDict, load_dataset
 
@@ -214,9 +223,9 @@ def load_task_dataset(task: str | None, dataset_name: str | None, dataset_config
         raise ValueError("No dataset: set --dataset_name (or dataset_name: in the YAML recipe) or --task.")
     builder = _file_builder(dataset_name)
     if builder is not None:  # one local data file: its rows are the "train" split
-        dataset = load_dataset(builder, data_files={"train": os.path.expanduser(dataset_name)})
+        dataset = load_dataset(builder, data_files={"train": os.path.expanduser(dataset_name)}, streaming=streaming)
     else:
-        dataset = load_dataset(dataset_name, name=dataset_config)
+        dataset = load_dataset(dataset_name, name=dataset_config, streaming=streaming)
     if task == "gsm8k":
         from .rewards_math import format_gsm8k
 
@@ -284,7 +293,7 @@ def _truthy(value: Any) -> bool:
 
 def make_parser(command: str, defaults: dict[str, Any] | None = None):
     """The `TrlParser` of a subcommand (an algorithm, `demo` with its `--algorithm`'s config, or `eval`)."""
-    from trl import ModelConfig, TrlParser
+    from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 
     prog = f"trl-reasoning {command}"
     if command == "eval":
@@ -298,7 +307,7 @@ def make_parser(command: str, defaults: dict[str, Any] | None = None):
     else:
         config_class, trainer_class = load_preset(command)
         parser = TrlParser(
-            (DataArguments, config_class, ModelConfig),
+            (DataArguments, config_class, ModelConfig, DatasetMixtureConfig),
             prog=prog,
             description=f"Train with {trainer_class.__name__} ({config_class.__name__}: the defaults below are "
             f"{getattr(trainer_class, '_name', command)}'s).",
@@ -342,10 +351,11 @@ def parse(command: str, argv: Sequence[str]) -> tuple:
     return parser.parse_args_and_config(argv)
 
 
-def train(data_args: DataArguments, training_args, model_args, trainer_class: type):
-    """Train `trainer_class` as TRL's own scripts do: load the model by name, the dataset with `load_dataset`, the
-    reward functions by name; then save, write the model card and push to the Hub if asked."""
-    from trl import get_peft_config, get_quantization_config
+def train(data_args: DataArguments, training_args, model_args, trainer_class: type, mixture=None):
+    """Train `trainer_class` as TRL's own scripts do: load the model by name, the dataset with `load_dataset` (or TRL's
+    `get_dataset` for a dataset mixture), the reward functions by name; then save, write the model card and push to
+    the Hub if asked."""
+    from trl import get_dataset, get_peft_config, get_quantization_config
 
     from .callbacks import PassAtKCallback
 
@@ -357,7 +367,12 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
         from .demo.warm_start import warm_start
 
         model_name_or_path = str(warm_start(ReversalTask())[0])
-    dataset = load_task_dataset(data_args.task, data_args.dataset_name, data_args.dataset_config)
+    if mixture is not None and mixture.datasets:  # TRL's `datasets:` mixture wins over dataset_name, as in `trl grpo`
+        dataset = get_dataset(mixture)
+    else:
+        dataset = load_task_dataset(
+            data_args.task, data_args.dataset_name, data_args.dataset_config, data_args.dataset_streaming
+        )
     if data_args.dataset_train_split not in dataset:
         raise ValueError(
             f"--dataset_train_split: the dataset has no split {data_args.dataset_train_split!r}; it has "
@@ -406,7 +421,10 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
     trainer.create_model_card(model_name=model_name, dataset_name=dataset_name)
     if training_args.push_to_hub:
         trainer.push_to_hub(model_name=model_name, dataset_name=dataset_name)
-    trainer.accelerator.print(f"Model and model card saved to {training_args.output_dir}.")
+    processes = trainer.accelerator.num_processes
+    trainer.accelerator.print(
+        f"Model and model card saved to {training_args.output_dir} ({processes} process{'es' if processes > 1 else ''})."
+    )
     return trainer
 
 
@@ -467,6 +485,40 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+#: Flags of an algorithm subcommand that go to `accelerate launch` rather than to the training config (as `trl grpo`).
+LAUNCH_FLAGS = {"--num_processes": "--num_processes", "--accelerate_config": "--config_file"}
+
+
+def _launch_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split `argv` into `accelerate launch` arguments (`--num_processes N`, `--accelerate_config FILE`) and the rest."""
+    launch, rest = [], []
+    items = iter(argv)
+    for item in items:
+        flag, _, value = item.partition("=")
+        if flag in LAUNCH_FLAGS:
+            if not value:
+                value = next(items, None)
+                if value is None:
+                    raise SystemExit(f"trl-reasoning: {flag} needs a value.")
+            launch += [LAUNCH_FLAGS[flag], value]
+        else:
+            rest.append(item)
+    return launch, rest
+
+
+def _launch(launch_args: list[str], command: str, rest: list[str]) -> None:
+    """Run this command under `accelerate launch` (as `trl grpo --num_processes N` does). Without an accelerate config,
+    N > 1 processes are launched with `--multi_gpu`, which also starts N gloo processes on a CPU machine with
+    `--use_cpu true` (accelerate's `--cpu` would start one)."""
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    processes = int(launch_args[launch_args.index("--num_processes") + 1]) if "--num_processes" in launch_args else 1
+    if "--config_file" not in launch_args and processes > 1:
+        launch_args = [*launch_args, "--multi_gpu"]
+    arguments = launch_command_parser().parse_args([*launch_args, "-m", "trl_reasoning.cli", command, *rest])
+    launch_command(arguments)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the `trl-reasoning` console script (exit status 0 on success)."""
     run(argv)
@@ -496,8 +548,11 @@ def run(argv: Sequence[str] | None = None) -> Any:
     if command == "eval":
         (eval_args,) = parse("eval", rest)
         return evaluate(eval_args)
-    data_args, training_args, model_args = parse(command, rest)
-    return train(data_args, training_args, model_args, load_preset(command)[1])
+    launch_args, rest = _launch_arguments(rest)
+    if launch_args:
+        return _launch(launch_args, command, rest)
+    data_args, training_args, model_args, mixture = parse(command, rest)
+    return train(data_args, training_args, model_args, load_preset(command)[1], mixture)
 
 
 if __name__ == "__main__":

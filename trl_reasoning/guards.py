@@ -86,7 +86,7 @@ class NonFiniteStepGuard:
 
 
 class LaunchWarning(UserWarning):
-    """The launcher asked for more processes than the run has."""
+    """The run is not launched as asked: fewer processes than the launcher requested, or FSDP requested but not on."""
 
 
 def requested_processes(launcher_argv: list[str]) -> int | None:
@@ -125,6 +125,20 @@ def warn_if_launcher_lost_processes(world_size: int) -> None:
             "accelerate starts one process and ignores --num_processes. On CPUs, launch several with "
             f"`torchrun --nproc_per_node {requested} ...` or `accelerate launch --multi_gpu --num_processes "
             f"{requested} ...` with `use_cpu=True` in the training config (recipes/README.md).",
+            LaunchWarning,
+            stacklevel=user_stacklevel(),
+        )
+
+
+def warn_if_fsdp_not_applied(fsdp_requested: bool, distributed_type: str) -> None:
+    """Warn when FSDP was asked for (``fsdp`` in the training config, or an accelerate FSDP config) but the run is not
+    sharded: accelerate turns an FSDP config into FSDP only on GPU-type backends, so on CPUs (``MULTI_CPU``) it trains
+    with plain data parallelism and full replicas, without a word."""
+    if fsdp_requested and "FSDP" not in str(distributed_type):
+        warnings.warn(
+            f"FSDP was requested but this run is {distributed_type}, not FSDP: accelerate enables FSDP only on GPU-type "
+            "backends, so on CPUs every process holds the whole model (data parallel). On a CPU machine, use "
+            "DeepSpeed ZeRO (recipes/accelerate/zero3.yaml with use_cpu=True) to shard, or run on GPUs.",
             LaunchWarning,
             stacklevel=user_stacklevel(),
         )

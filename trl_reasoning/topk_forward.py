@@ -8,15 +8,24 @@ TRL's ``vllm_generation``; it overrides no TRL method). Three paths give the rol
   ``VLLMGeneration.generate``; see ``TRL_VLLM_GENERATION`` in the trainer);
 - otherwise the training model's no-grad forward, from the final hidden states and the LM head in chunks
   (``trl_reasoning.logits``), or from the logits when the hidden states do not reproduce them (a PEFT adapter on the
-  LM head, a sharded head): ``_lm_head_from_hidden`` records the first failure and the logits path is kept from then.
+  LM head, an unusual output scaling): ``_lm_head_from_hidden`` records the first failure and the logits path is kept
+  from then.
+
+A sharded LM head (DeepSpeed ZeRO-3 partitions, FSDP2 DTensors) is whole only inside the model's forward. There the
+chunked head runs *as* the LM head module's forward for the duration of one call (``_head_inside_forward``): the
+strategy gathers the weight before it and reduces its gradient after, as for any module, and the model hands back the
+small ``[B, T, 2 + K]`` result in place of its logits.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from trl.models.utils import disable_gradient_checkpointing
 
 from ._warnings import user_stacklevel
@@ -110,6 +119,54 @@ class TopKForwardMixin:
             )
         return out.logits[:, :-1], out
 
+    def _sharded_lm_head(self, model) -> torch.nn.Module | None:
+        """The LM head module when its weight is sharded outside the forward (a ZeRO-3 partition, an FSDP unit or
+        DTensor) and the model's logits are the plain ``hidden @ W^T + b`` (no logit scale or soft-capping, which models apply
+        after the head); else ``None``."""
+        unwrapped = self.accelerator.unwrap_model(model)
+        module = unwrapped.get_output_embeddings()
+        weight = getattr(module, "weight", None)
+        if not isinstance(module, torch.nn.Linear) or weight is None:
+            return None
+        # ZeRO-3 parameters carry a ds_id; under FSDP the head is its own unit or part of the root's, whole only
+        # between the unit's pre- and post-forward hooks (and its gradient reduced by the post-backward ones).
+        sharded = hasattr(weight, "ds_id") or isinstance(weight, DTensor) or isinstance(module, FSDPModule)
+        if not (sharded or getattr(self, "is_fsdp_enabled", False)):
+            return None
+        text_config = unwrapped.config.get_text_config()
+        if (getattr(text_config, "logit_scale", None) or 1.0) != 1.0 or getattr(
+            text_config, "final_logit_softcapping", None
+        ):
+            return None
+        return module
+
+    def _head_inside_forward(
+        self,
+        model,
+        head: torch.nn.Module,
+        head_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+        input_ids,
+        attention_mask,
+        num_completion_tokens: int,
+        compute_aux_loss: bool,
+    ):
+        """One model forward in which ``head_fn(hidden, weight, bias)`` replaces the LM head's own forward, ``hidden``
+        being the final hidden states that predict the completion tokens. Returns what ``head_fn`` returned (as the
+        model's ``logits``) and the model output."""
+        kwargs = {"output_router_logits": True} if compute_aux_loss else {}
+        head.forward = lambda hidden: head_fn(hidden[:, :-1], head.weight, head.bias)
+        try:
+            with self.accelerator.autocast():
+                out = model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    logits_to_keep=num_completion_tokens + 1,
+                    **kwargs,
+                )
+        finally:
+            del head.forward  # the class's forward again
+        return out.logits, out
+
     @property
     def _topk_size(self) -> int:
         vocab = self.accelerator.unwrap_model(self.model).config.get_text_config().vocab_size
@@ -201,10 +258,39 @@ class TopKForwardMixin:
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         ids, logps = [], []
+        sharded_head = self._sharded_lm_head(self.model) if self._lm_head_from_hidden else None
         with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             for start in range(0, input_ids.size(0), batch_size):
                 rows = slice(start, start + batch_size)
                 head = None
+                if sharded_head is not None:
+                    found = []
+
+                    def keep_topk(hidden, weight, bias, rows=rows, found=found):
+                        found.append(
+                            rollout_topk_from_hidden(
+                                hidden,
+                                weight,
+                                completion_ids[rows],
+                                k=self.args.dppo_topk,
+                                temperature=self.temperature,
+                                lm_head_bias=bias,
+                            )
+                        )
+                        return hidden.new_zeros(hidden.shape[:2] + (1,))  # the model's "logits": unused
+
+                    self._head_inside_forward(
+                        self.model,
+                        sharded_head,
+                        keep_topk,
+                        input_ids[rows],
+                        attention_mask[rows],
+                        completion_ids.size(1),
+                        False,
+                    )
+                    ids.append(found[0][0])
+                    logps.append(found[0][1])
+                    continue
                 if self._lm_head_from_hidden:
                     hidden, head, _ = self._final_hidden_states(
                         self.model, input_ids[rows], attention_mask[rows], completion_ids.size(1), False
@@ -239,6 +325,27 @@ class TopKForwardMixin:
         (with gradient) and MoE aux loss, chunked over positions so no ``[B, T, V]`` tensor is built when the LM head
         can be applied to the hidden states (otherwise one: the logits)."""
         head = None
+        sharded_head = self._sharded_lm_head(model) if self._lm_head_from_hidden else None
+        if sharded_head is not None:
+
+            def packed_logps(hidden, weight, bias):
+                logps, entropies, topk_logps = chunked_logps_from_hidden(
+                    hidden, weight, completion_ids, topk_ids, temperature=self.temperature, lm_head_bias=bias
+                )
+                # One output tensor, so the strategy's backward hooks on the head's output see all of it.
+                return torch.cat([logps.unsqueeze(-1), entropies.unsqueeze(-1).to(logps.dtype), topk_logps], dim=-1)
+
+            packed, out = self._head_inside_forward(
+                model,
+                sharded_head,
+                packed_logps,
+                input_ids,
+                attention_mask,
+                completion_ids.size(1),
+                compute_aux_loss,
+            )
+            aux_loss = out.aux_loss if compute_aux_loss else None
+            return packed[..., 0], packed[..., 1].detach(), packed[..., 2:], aux_loss
         if self._lm_head_from_hidden:
             hidden, head, out = self._final_hidden_states(
                 model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss

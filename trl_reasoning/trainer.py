@@ -43,7 +43,7 @@ from .advantages import ADVANTAGE_ESTIMATORS
 from .aggregation import aggregate_loss
 from .batch import TrainBatch, batch_advantages_and_weights, left_padded, pad_value, stack_rows
 from .config import ReasoningConfig
-from .guards import NonFiniteStepGuard, warn_if_launcher_lost_processes
+from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
 from .lm_head import cast_lm_head_to_fp32, unwrap_peft
 from .losses import POLICY_LOSSES, compute_policy_loss
 from .model_card import ReasoningModelCardMixin
@@ -250,6 +250,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self._check_datasets()
         if self.accelerator.is_main_process:
             warn_if_launcher_lost_processes(self.accelerator.num_processes)
+            fsdp_requested = bool(self.args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+            warn_if_fsdp_not_applied(fsdp_requested, self.accelerator.distributed_type)
 
     def _init_seam_state(self) -> None:
         """This trainer's own state next to TRL's: wrapped reward functions, the task-reward columns, the group

@@ -189,3 +189,32 @@ def test_cli_model_card_does_not_link_a_local_data_file_to_the_hub(cli_run):
     data_file = str(cli_run["data_file"])
     assert f"huggingface.co/datasets/{data_file}" not in card
     assert f"datasets: {data_file}" not in card
+
+
+@pytest.mark.journey
+@pytest.mark.slow
+def test_cli_launches_two_processes_from_a_yaml_recipe(tmp_path):
+    """`--num_processes 2` launches through accelerate as `trl grpo` does (two gloo processes on a CPU), and a YAML
+    `reward_funcs: module.fn` (one string) is one reward function."""
+    model_dir = save_tiny_model(tmp_path / "model", seed=0)
+    data_file = tmp_path / "train.jsonl"
+    data_file.write_text("".join(json.dumps({"prompt": f"{i}+1="}) + "\n" for i in range(8)))
+    user_code = tmp_path / "user_code"
+    user_code.mkdir()
+    (user_code / "my_rewards.py").write_text(REWARD_MODULE)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "reward_funcs: my_rewards.digit_share\nmax_steps: 2\nper_device_train_batch_size: 4\nnum_generations: 4\n"
+        "max_completion_length: 8\nuse_cpu: true\nbf16: false\ngradient_checkpointing: false\nreport_to: none\n"
+        "logging_steps: 1\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(user_code), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    output_dir = tmp_path / "runs" / "two-processes"
+    arguments = ["dapo", "--config", str(recipe), "--num_processes", "2", "--model_name_or_path", str(model_dir)]
+    arguments += ["--dataset_name", str(data_file), "--output_dir", str(output_dir)]
+    result = _run(arguments, tmp_path, env)
+    assert f"saved to {output_dir} (2 processes)" in result.stdout
+    logs = _training_logs(result.stdout)
+    assert len(logs) == 2 and all("'rewards/digit_share/mean'" in line for line in logs)
+    card = (output_dir / "README.md").read_text()
+    assert "# Model Card for two-processes" in card

@@ -1,0 +1,139 @@
+"""DPPO top-K under sharding: peak training memory of the LM-head path vs the ``[B, T, vocab]`` logits fallback, with
+two gloo processes under DDP, DeepSpeed ZeRO-3 and FSDP2.
+
+Before this package ran the chunked LM head inside the model's forward, a sharded head (ZeRO-3 partitions, FSDP2)
+sent DPPO's top-K divergence to the logits fallback; ``logits`` below forces that path, ``LM head`` is what runs now.
+The workload is ``_common.train_on_workload``'s (32k-token vocabulary, deterministic rollout, 8 completions per
+process and step). Each configuration runs in its own ``torchrun``; memory is the peak resident set size during
+``train()`` above the level just before it, the larger of the two ranks. Usage:
+
+    python bench/dppo_topk_sharded.py [--steps 2] [--repeats 1] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import record  # noqa: E402
+
+STRATEGIES = ("ddp", "zero3", "fsdp2")
+PATHS = ("logits", "LM head")
+
+
+def worker(strategy: str, path: str, steps: int, vocab: int, length: int, out: str) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from _common import hash_reward, make_rollout, measure_train, prompt_dataset, saved_model
+    from _sharding import strategy_kwargs
+    from accelerate.utils import gather_object
+
+    import trl_reasoning as tr
+    from trl_reasoning.demo.tiny import build_tokenizer, cpu_config_kwargs
+
+    tokenizer = build_tokenizer()
+    model_path = saved_model(tokenizer, vocab)  # each rank its own copy, before the config starts distributed state
+    args = tr.DPPOConfig(
+        **cpu_config_kwargs(),
+        **strategy_kwargs(strategy),
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=length,
+        max_steps=steps,
+        learning_rate=1e-4,
+        logging_steps=1,
+        seed=0,
+        dppo_divergence="topk_tv",
+    )
+    trainer = tr.DPPOTrainer(
+        model=model_path,
+        reward_funcs=hash_reward,
+        args=args,
+        train_dataset=prompt_dataset(),
+        processing_class=tokenizer,
+        rollout_func=make_rollout(tokenizer, length),
+    )
+    trainer._lm_head_from_hidden = path == "LM head"  # False: the logits fallback, the path sharding used to take
+    result = measure_train(trainer)
+    peaks = gather_object([result["peak_mib"]])
+    if trainer.accelerator.is_main_process:
+        with open(out, "w") as f:
+            json.dump({"peak_mib": max(peaks), "kept_lm_head": trainer._lm_head_from_hidden}, f)
+
+
+def _torchrun(arguments: list[str]) -> dict:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr"]
+        command += ["127.0.0.1", "--master_port", str(port), os.path.abspath(__file__), "--worker-out", out]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        result = subprocess.run(command + arguments, capture_output=True, text=True, env=env)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(command + arguments)} failed:\n{result.stderr[-4000:]}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--length", type=int, default=128, help="completion length in tokens")
+    parser.add_argument(
+        "--quick", action="store_true", help="ZeRO-3 only, 1 step, small vocab: checks the script runs"
+    )
+    parser.add_argument("--worker-out", help=argparse.SUPPRESS)
+    parser.add_argument("--strategy", help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.quick:
+        options.steps, options.repeats, options.vocab, options.length = 1, 1, 512, 16
+    if options.worker_out:
+        worker(options.strategy, options.path, options.steps, options.vocab, options.length, options.worker_out)
+        return ""
+
+    strategies = ("zero3",) if options.quick else STRATEGIES
+    peaks: dict[tuple[str, str], list[float]] = {(s, p): [] for s in strategies for p in PATHS}
+    for _ in range(options.repeats):
+        for strategy in strategies:
+            for path in PATHS:  # interleaved
+                data = _torchrun(
+                    ["--strategy", strategy, "--path", path, "--steps", str(options.steps)]
+                    + ["--vocab", str(options.vocab), "--length", str(options.length)]
+                )
+                if data["kept_lm_head"] != (path == "LM head"):
+                    raise RuntimeError(f"{strategy}: the {path!r} path did not hold for the whole run")
+                peaks[(strategy, path)].append(data["peak_mib"])
+    lines = [
+        f"DPPO top-K (topk_tv, K=20) under sharding: 2 gloo processes, vocab {options.vocab}, 8 completions x "
+        f"{options.length} tokens per process and step, {options.steps} steps x {options.repeats} repeats, CPU "
+        "(medians; peak RSS in train() above the level before it, the larger rank)",
+        "",
+        "| strategy | logits fallback (MiB) | LM head path (MiB) | ratio |",
+        "|---|---|---|---|",
+    ]
+    for strategy in strategies:
+        before = statistics.median(peaks[(strategy, "logits")])
+        after = statistics.median(peaks[(strategy, "LM head")])
+        lines.append(f"| {strategy} | {before:.0f} | {after:.0f} | {after / before:.2f} |")
+    table = "\n".join(lines)
+    print(table)
+    if not options.quick:
+        record("DPPO top-K under sharding", table)
+    return table
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Sharded-training worker (run under torchrun with two gloo processes): DAPO with dynamic sampling and DPPO with the
+top-K TV divergence, three steps each, under one strategy: ``ddp``, ``zero2``, ``zero3`` (DeepSpeed, parameters
+really partitioned) or ``fsdp2``.
+
+Usage: ``torchrun --nproc_per_node 2 tests/journeys/sharded_worker.py STRATEGY MODEL_PATH OUT_DIR``. Rank 0 writes
+``OUT_DIR/<strategy>/<preset>.pt``: the full parameters at the end, the losses and rewards by step, what the
+accelerator ran as, and whether DPPO's top-K kept the LM-head path (no ``[B, T, vocab]`` logits).
+
+The strategies' config arguments come from ``bench/_sharding.py`` (FSDP2 is forced onto the CPU there: accelerate
+keeps DDP on CPUs without a word, which trl-reasoning's trainer reports).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+
+import trl_reasoning as tr  # noqa: E402
+from trl_reasoning.demo.tiny import cpu_config_kwargs  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from _sharding import strategy_kwargs  # noqa: E402
+
+MAX_STEPS = 3
+TEXTS = ["fixed 0", "open 0", "fixed 1", "open 1", "open 2", "fixed 2", "open 3", "open 4"]
+PRESETS = {
+    "DAPO": (tr.DAPOTrainer, tr.DAPOConfig, {"dynamic_sampling": True, "max_num_gen_batches": 4}),
+    "DPPO": (tr.DPPOTrainer, tr.DPPOConfig, {"dppo_divergence": "topk_tv", "dppo_topk": 4}),
+}
+
+
+def reward(prompts, completions, **kwargs) -> list[float]:
+    """ "fixed …" prompts always score 1 (uninformative groups); "open …" ones score 1 for about a third."""
+    out = []
+    for prompt, completion in zip(prompts, completions):
+        text, done = prompt[-1]["content"], completion[-1]["content"]
+        out.append(1.0 if text.startswith("fixed") else float(sum(map(ord, done)) % 3 == 0))
+    return out
+
+
+def full_parameters(trainer) -> dict[str, torch.Tensor]:
+    """Every parameter, whole, under any strategy (called on every rank: gathering is collective)."""
+    model = trainer.model_wrapped if trainer.is_deepspeed_enabled else trainer.model
+    params = dict(trainer.accelerator.unwrap_model(model).named_parameters())
+    if trainer.is_deepspeed_enabled:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(params.values())):
+            return {name: p.detach().clone() for name, p in params.items()}
+    out = {}
+    for name, p in params.items():
+        value = p.detach()
+        out[name] = (value.full_tensor() if hasattr(value, "full_tensor") else value).clone()
+    return out
+
+
+def run(strategy: str, preset: str, model_path: str, out_dir: str) -> None:
+    trainer_cls, config_cls, options = PRESETS[preset]
+    args = config_cls(
+        **cpu_config_kwargs(),
+        **strategy_kwargs(strategy),
+        output_dir=os.path.join(out_dir, strategy, preset),
+        max_steps=MAX_STEPS,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        learning_rate=1e-2,
+        logging_steps=1,
+        seed=0,
+        **options,
+    )
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t}]} for t in TEXTS])
+    trainer = trainer_cls(model=model_path, reward_funcs=reward, args=args, train_dataset=dataset)
+    initial = full_parameters(trainer)
+    trainer.train()
+    final = full_parameters(trainer)
+    history = trainer.state.log_history
+    report = {
+        "world_size": trainer.accelerator.num_processes,
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "zero_stage": trainer.accelerator.state.deepspeed_plugin.zero_stage if trainer.is_deepspeed_enabled else None,
+        "global_step": trainer.state.global_step,
+        "losses": [e["loss"] for e in history if "loss" in e],
+        "rewards": [e["reward"] for e in history if "reward" in e],
+        "lm_head_from_hidden": trainer._lm_head_from_hidden,
+        "head_inside_forward": trainer._sharded_lm_head(trainer.model_wrapped) is not None,
+        "moved": max((final[n] - initial[n]).abs().max().item() for n in final),
+        "parameters": final,
+    }
+    if trainer.accelerator.is_main_process:
+        torch.save(report, os.path.join(out_dir, strategy, f"{preset}.pt"))
+    trainer.accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    strategy_name, model, out = sys.argv[1:4]
+    for name in PRESETS:
+        run(strategy_name, name, model, out)
