@@ -138,3 +138,15 @@ def test_demo_recipe_runs_a_few_steps(tmp_path, capsys):
     )
     assert result["algorithm"] == "dapo" and (tmp_path / "out" / "README.md").exists()
     assert "| warm start (SFT) |" in capsys.readouterr().out
+
+
+def test_recipes_are_listed_and_copied_from_the_installed_package(tmp_path, capsys):
+    listed = dict(cli.run(["recipes"]))
+    shipped = {p.relative_to(RECIPES).as_posix() for p in RECIPES.glob("**/*.yaml")}
+    assert set(listed) == shipped and listed["dapo/qwen2.5-1.5b-gsm8k.yaml"].startswith("DAPO on GSM8K")
+    target = cli.run(["recipes", "--copy", str(tmp_path / "my-recipes")])
+    assert {p.relative_to(target).as_posix() for p in target.glob("**/*.yaml")} == shipped
+    _, args, _, _ = cli.parse("dapo", ["--config", str(target / "dapo/qwen2.5-1.5b-gsm8k.yaml"), *CPU])
+    assert type(args).__name__ == "DAPOConfig"
+    with pytest.raises(SystemExit, match="exists and is not empty"):
+        cli.run(["recipes", "--copy", str(target)])

@@ -41,6 +41,7 @@ def test_the_built_wheel_has_the_package_its_types_and_trls_constraints(tmp_path
     # From a copy of what the sdist holds, so that no build/ folder is left in (or read from) the checkout.
     source = tmp_path / "source"
     shutil.copytree(ROOT / "trl_reasoning", source / "trl_reasoning", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "recipes", source / "recipes")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     subprocess.run(
@@ -71,6 +72,10 @@ def test_the_built_wheel_has_the_package_its_types_and_trls_constraints(tmp_path
     }
     assert modules <= names, sorted(modules - names)
     assert "trl_reasoning/py.typed" in names
+    recipes = {
+        f"trl_reasoning/recipes/{p.relative_to(ROOT / 'recipes').as_posix()}" for p in ROOT.glob("recipes/**/*.*")
+    }
+    assert recipes <= names, sorted(recipes - names)  # reachable from an install (`trl-reasoning recipes`)
     assert not any(name.startswith("tests/") for name in names)
     assert metadata["Requires-Python"] == ">=3.11"
     requires = metadata.get_all("Requires-Dist")

@@ -21,6 +21,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trl import ScriptArguments
@@ -479,10 +480,52 @@ def _usage() -> str:
         *[f"  {name:<10} train with {PRESETS[name][2]} ({PRESETS[name][1]})" for name in presets],
         "  demo       the offline demo: warm start, RL, before/after table, curves, model card",
         "  eval       pass@k of a saved model on a dataset with a reward function",
+        "  recipes    list the shipped recipes (YAML); --copy DIR copies them",
         "",
         "`trl-reasoning <command> --help` lists every field with its default.",
     ]
     return "\n".join(lines)
+
+
+def recipes_dir() -> Path:
+    """The recipes folder: ``trl_reasoning/recipes`` in an installed wheel, the checkout's ``recipes/`` otherwise."""
+    for candidate in (Path(__file__).parent / "recipes", Path(__file__).parents[1] / "recipes"):
+        if (candidate / "README.md").is_file():
+            return candidate
+    raise FileNotFoundError("This installation of trl-reasoning has no recipes folder.")
+
+
+def list_recipes() -> list[tuple[str, str]]:
+    """Every recipe as ``(path relative to the recipes folder, its first comment line)``."""
+    root = recipes_dir()
+    out = []
+    for path in sorted(root.glob("*/*.yaml")) + sorted(root.glob("*.yaml")):
+        first = path.read_text().splitlines()[0] if path.stat().st_size else ""
+        out.append((path.relative_to(root).as_posix(), first.lstrip("# ").strip() if first.startswith("#") else ""))
+    return out
+
+
+def recipes_command(argv: list[str]) -> list[tuple[str, str]] | Path:
+    """`trl-reasoning recipes` lists the shipped recipes; `trl-reasoning recipes --copy DIR` copies them to DIR."""
+    import argparse
+    import shutil
+
+    parser = argparse.ArgumentParser(prog="trl-reasoning recipes", description=recipes_command.__doc__)
+    parser.add_argument("--copy", metavar="DIR", help="copy every recipe (and recipes/README.md) into DIR")
+    options = parser.parse_args(argv)
+    if options.copy:
+        target = Path(options.copy)
+        if target.exists() and any(target.iterdir()):
+            raise SystemExit(f"trl-reasoning recipes: {target} exists and is not empty; choose a new folder.")
+        shutil.copytree(recipes_dir(), target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+        print(f"Copied the recipes to {target}. Train with: trl-reasoning dapo --config {target}/dapo/<recipe>.yaml")
+        return target
+    recipes = list_recipes()
+    width = max(len(name) for name, _ in recipes)
+    print(f"Recipes in {recipes_dir()} (copy them with `trl-reasoning recipes --copy DIR`):")
+    for name, description in recipes:
+        print(f"  {name:<{width}}  {description}")
+    return recipes
 
 
 #: Flags of an algorithm subcommand that go to `accelerate launch` rather than to the training config (as `trl grpo`).
@@ -527,7 +570,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 def run(argv: Sequence[str] | None = None) -> Any:
     """
     Run a `trl-reasoning` command line and return its result: the trained trainer for an algorithm subcommand, the
-    demo's results dict for `demo`, the metrics dict for `eval`, `None` for the usage text.
+    demo's results dict for `demo`, the metrics dict for `eval`, the recipes (or the folder they were copied to) for
+    `recipes`, `None` for the usage text.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -535,6 +579,8 @@ def run(argv: Sequence[str] | None = None) -> Any:
         print(_usage())
         return None
     command, rest = argv[0], argv[1:]
+    if command == "recipes":
+        return recipes_command(rest)
     if command not in ("demo", "eval") and command not in PRESETS:
         print(_usage(), file=sys.stderr)
         raise SystemExit(f"trl-reasoning: unknown command {command!r}.")
