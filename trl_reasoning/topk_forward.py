@@ -262,63 +262,48 @@ class TopKForwardMixin:
         with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             for start in range(0, input_ids.size(0), batch_size):
                 rows = slice(start, start + batch_size)
-                head = None
-                if sharded_head is not None:
-                    found = []
-
-                    def keep_topk(hidden, weight, bias, rows=rows, found=found):
-                        found.append(
-                            rollout_topk_from_hidden(
-                                hidden,
-                                weight,
-                                completion_ids[rows],
-                                k=self.args.dppo_topk,
-                                temperature=self.temperature,
-                                lm_head_bias=bias,
-                            )
-                        )
-                        return hidden.new_zeros(hidden.shape[:2] + (1,))  # the model's "logits": unused
-
-                    self._head_inside_forward(
-                        self.model,
-                        sharded_head,
-                        keep_topk,
-                        input_ids[rows],
-                        attention_mask[rows],
-                        completion_ids.size(1),
-                        False,
-                    )
-                    ids.append(found[0][0])
-                    logps.append(found[0][1])
-                    continue
-                if self._lm_head_from_hidden:
-                    hidden, head, _ = self._final_hidden_states(
-                        self.model, input_ids[rows], attention_mask[rows], completion_ids.size(1), False
-                    )
-                    self._lm_head_from_hidden = head is not None
-                if head is not None:
-                    weight, bias, scale, softcap = head
-                    chunk = rollout_topk_from_hidden(
-                        hidden,
-                        weight,
-                        completion_ids[rows],
-                        k=self.args.dppo_topk,
-                        temperature=self.temperature,
-                        lm_head_bias=bias,
-                        logit_scale=scale,
-                        final_logit_softcapping=softcap,
-                    )
-                else:
-                    logits, _ = self._completion_logits(
-                        self.model, input_ids[rows], attention_mask[rows], completion_ids.size(1), False
-                    )
-                    chunk = rollout_topk(
-                        logits, completion_ids[rows], k=self.args.dppo_topk, temperature=self.temperature
-                    )
-                    del logits
+                chunk = self._rollout_topk_rows(
+                    input_ids[rows], attention_mask[rows], completion_ids[rows], sharded_head
+                )
                 ids.append(chunk[0])
                 logps.append(chunk[1])
         return {"rollout_topk_ids": torch.cat(ids), "rollout_topk_logps": torch.cat(logps)}
+
+    def _rollout_topk_rows(self, input_ids, attention_mask, completion_ids, sharded_head):
+        """The rollout top-K ``(ids, logps)`` of some rows: LM head inside the forward (sharded head), on the final
+        hidden states, or from the logits (the fallback)."""
+        found = []
+
+        def topk_from_hidden(hidden, weight, bias, scale=1.0, softcap=None):
+            found.append(
+                rollout_topk_from_hidden(
+                    hidden,
+                    weight,
+                    completion_ids,
+                    k=self.args.dppo_topk,
+                    temperature=self.temperature,
+                    lm_head_bias=bias,
+                    logit_scale=scale,
+                    final_logit_softcapping=softcap,
+                )
+            )
+            return hidden.new_zeros(hidden.shape[:2] + (1,))  # the model's "logits" when run inside it: unused
+
+        length = completion_ids.size(1)
+        if sharded_head is not None:
+            self._head_inside_forward(
+                self.model, sharded_head, topk_from_hidden, input_ids, attention_mask, length, False
+            )
+            return found[0]
+        head = None
+        if self._lm_head_from_hidden:
+            hidden, head, _ = self._final_hidden_states(self.model, input_ids, attention_mask, length, False)
+            self._lm_head_from_hidden = head is not None
+        if head is not None:
+            topk_from_hidden(hidden, *head)
+            return found[0]
+        logits, _ = self._completion_logits(self.model, input_ids, attention_mask, length, False)
+        return rollout_topk(logits, completion_ids, k=self.args.dppo_topk, temperature=self.temperature)
 
     def _topk_forward(self, model, input_ids, attention_mask, completion_ids, topk_ids, compute_aux_loss):
         """The current policy's sampled-token log-probs (with gradient), entropies, log-probs at the stored top-K ids
