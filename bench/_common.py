@@ -72,14 +72,16 @@ def measure_train(trainer) -> dict:
     return {"peak_mib": (peak - before) / 1024, "step_times": times}
 
 
-def train_on_workload(config_class, trainer_class, overrides: dict, steps: int, vocab: int, length: int) -> dict:
-    """Build ``trainer_class`` with ``config_class(common settings | overrides)`` on the shared workload (saved
-    model, deterministic rollout, hash reward, 8 completions per step), train it and return ``measure_train``'s
-    result. Runs in a worker process."""
+def workload_trainer(config_class, trainer_class, overrides: dict, steps: int, vocab: int, length: int):
+    """``trainer_class`` with ``config_class(common settings | overrides)`` on the shared workload (saved model,
+    deterministic rollout, hash reward, 8 completions per process and step). Runs in a worker process."""
     from trl_reasoning.demo.tiny import build_tokenizer, cpu_config_kwargs
 
     cpu_threads()
     tokenizer = build_tokenizer()
+    # Saved before the config is built: under torchrun the config starts the distributed state, and each rank keeps
+    # its own copy of the model folder.
+    model_path = saved_model(tokenizer, vocab)
     common = dict(
         output_dir=tempfile.mkdtemp(),
         per_device_train_batch_size=8,
@@ -90,15 +92,19 @@ def train_on_workload(config_class, trainer_class, overrides: dict, steps: int, 
         logging_steps=1,
         seed=0,
     )
-    trainer = trainer_class(
-        model=saved_model(tokenizer, vocab),
+    return trainer_class(
+        model=model_path,
         reward_funcs=hash_reward,
         args=config_class(**cpu_config_kwargs(), **{**common, **overrides}),
         train_dataset=prompt_dataset(),
         processing_class=tokenizer,
         rollout_func=make_rollout(tokenizer, length),
     )
-    return measure_train(trainer)
+
+
+def train_on_workload(config_class, trainer_class, overrides: dict, steps: int, vocab: int, length: int) -> dict:
+    """Train ``workload_trainer(...)`` and return ``measure_train``'s result. Runs in a worker process."""
+    return measure_train(workload_trainer(config_class, trainer_class, overrides, steps, vocab, length))
 
 
 def run_worker(script: str, arguments: list[str]) -> dict:

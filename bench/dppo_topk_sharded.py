@@ -3,7 +3,7 @@ two gloo processes under DDP, DeepSpeed ZeRO-3 and FSDP2.
 
 Before this package ran the chunked LM head inside the model's forward, a sharded head (ZeRO-3 partitions, FSDP2)
 sent DPPO's top-K divergence to the logits fallback; ``logits`` below forces that path, ``LM head`` is what runs now.
-The workload is ``_common.train_on_workload``'s (32k-token vocabulary, deterministic rollout, 8 completions per
+The workload is ``_common.workload_trainer``'s (32k-token vocabulary, deterministic rollout, 8 completions per
 process and step). Each configuration runs in its own ``torchrun``; memory is the peak resident set size during
 ``train()`` above the level just before it, the larger of the two ranks. Usage:
 
@@ -31,36 +31,14 @@ PATHS = ("logits", "LM head")
 def worker(strategy: str, path: str, steps: int, vocab: int, length: int, out: str) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from _common import hash_reward, make_rollout, measure_train, prompt_dataset, saved_model
+    from _common import measure_train, workload_trainer
     from _sharding import strategy_kwargs
     from accelerate.utils import gather_object
 
     import trl_reasoning as tr
-    from trl_reasoning.demo.tiny import build_tokenizer, cpu_config_kwargs
 
-    tokenizer = build_tokenizer()
-    model_path = saved_model(tokenizer, vocab)  # each rank its own copy, before the config starts distributed state
-    args = tr.DPPOConfig(
-        **cpu_config_kwargs(),
-        **strategy_kwargs(strategy),
-        output_dir=tempfile.mkdtemp(),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=length,
-        max_steps=steps,
-        learning_rate=1e-4,
-        logging_steps=1,
-        seed=0,
-        dppo_divergence="topk_tv",
-    )
-    trainer = tr.DPPOTrainer(
-        model=model_path,
-        reward_funcs=hash_reward,
-        args=args,
-        train_dataset=prompt_dataset(),
-        processing_class=tokenizer,
-        rollout_func=make_rollout(tokenizer, length),
-    )
+    overrides = {**strategy_kwargs(strategy), "dppo_divergence": "topk_tv"}
+    trainer = workload_trainer(tr.DPPOConfig, tr.DPPOTrainer, overrides, steps, vocab, length)
     trainer._lm_head_from_hidden = path == "LM head"  # False: the logits fallback, the path sharding used to take
     result = measure_train(trainer)
     peaks = gather_object([result["peak_mib"]])

@@ -85,8 +85,8 @@ class TopKForwardMixin:
         text_config = self.accelerator.unwrap_model(model).config.get_text_config()
         head = None
         weight = getattr(head_module, "weight", None)
-        # A sharded head (ZeRO-3 placeholder, FSDP DTensor) cannot be applied here: the check fails and the logits
-        # path, which goes through the model's own forward, is used instead.
+        # Only an unsharded head is applied here; a sharded one (ZeRO-3, FSDP) runs inside the forward instead
+        # (_sharded_lm_head, checked first). Anything this check rejects takes the logits path.
         if isinstance(weight, torch.Tensor) and type(head_module) is torch.nn.Linear:
             scale = getattr(text_config, "logit_scale", None) or 1.0
             softcap = getattr(text_config, "final_logit_softcapping", None)

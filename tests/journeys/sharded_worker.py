@@ -28,6 +28,7 @@ from trl_reasoning.demo.tiny import cpu_config_kwargs  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 from _sharding import strategy_kwargs  # noqa: E402
+from two_process_worker import fixed_or_open_reward as reward  # noqa: E402  ("fixed …" scores 1, "open …" varies)
 
 MAX_STEPS = 3
 TEXTS = ["fixed 0", "open 0", "fixed 1", "open 1", "open 2", "fixed 2", "open 3", "open 4"]
@@ -35,15 +36,6 @@ PRESETS = {
     "DAPO": (tr.DAPOTrainer, tr.DAPOConfig, {"dynamic_sampling": True, "max_num_gen_batches": 4}),
     "DPPO": (tr.DPPOTrainer, tr.DPPOConfig, {"dppo_divergence": "topk_tv", "dppo_topk": 4}),
 }
-
-
-def reward(prompts, completions, **kwargs) -> list[float]:
-    """ "fixed …" prompts always score 1 (uninformative groups); "open …" ones score 1 for about a third."""
-    out = []
-    for prompt, completion in zip(prompts, completions):
-        text, done = prompt[-1]["content"], completion[-1]["content"]
-        out.append(1.0 if text.startswith("fixed") else float(sum(map(ord, done)) % 3 == 0))
-    return out
 
 
 def full_parameters(trainer) -> dict[str, torch.Tensor]:

@@ -39,6 +39,11 @@ def reward(prompts, completions, **kwargs) -> list[float]:
     """ "fixed …" prompts always score 1 (uninformative groups for dynamic sampling, pass rate 1 for ScaleRL, which
     retires them); "open …" prompts score 1 for about a third of the completions."""
     REWARD_CALLS.append(sorted({prompt[-1]["content"] for prompt in prompts}))
+    return fixed_or_open_reward(prompts, completions)
+
+
+def fixed_or_open_reward(prompts, completions, **kwargs) -> list[float]:
+    """The scoring of ``reward`` without the record of calls (also used by ``sharded_worker.py``)."""
     out = []
     for prompt, completion in zip(prompts, completions):
         text, done = prompt[-1]["content"], completion[-1]["content"]
