@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 
 
 def rss_kib(field: str) -> int:
@@ -22,16 +23,22 @@ def rss_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+_SAVED_MODELS: dict[tuple[int, int, int], str] = {}
+
+
 def saved_model(tokenizer, vocab: int, hidden: int = 128, layers: int = 2) -> str:
     """The tiny Qwen2 (``demo.tiny.build_model``, seed 0) with ``vocab`` tokens, saved with its tokenizer to a temporary
     folder; trainers load the policy and, when ``beta > 0``, the reference model from that path (TRL builds the
     reference from the model's ``name_or_path``)."""
     from trl_reasoning.demo.tiny import build_model
 
-    path = tempfile.mkdtemp(prefix="bench-model-")
-    build_model(tokenizer, hidden_size=hidden, num_layers=layers, vocab_size=vocab).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    key = (vocab, hidden, layers)
+    if key not in _SAVED_MODELS:  # once per process: later, with the process group up, only rank 0 would write
+        path = tempfile.mkdtemp(prefix="bench-model-")
+        build_model(tokenizer, hidden_size=hidden, num_layers=layers, vocab_size=vocab).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        _SAVED_MODELS[key] = path
+    return _SAVED_MODELS[key]
 
 
 def make_rollout(tokenizer, length: int):
@@ -107,14 +114,20 @@ def train_on_workload(config_class, trainer_class, overrides: dict, steps: int, 
     return measure_train(workload_trainer(config_class, trainer_class, overrides, steps, vocab, length))
 
 
-def run_worker(script: str, arguments: list[str]) -> dict:
-    """Run ``script --worker ...`` in a fresh process (clean memory accounting) and return its JSON result."""
+def run_worker(script: str, arguments: list[str], in_process: Callable[[list[str]], object] | None = None) -> dict:
+    """Run ``script --worker-out OUT ...`` in a fresh process (clean memory accounting) and return its JSON result.
+
+    ``in_process``: the script's ``main``, called here instead of starting a process. Quick modes use it (they check
+    that a script runs, not its numbers): a process start costs ~10 s of imports on a 2-core machine."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        command = [sys.executable, script, "--worker-out", out, *arguments]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
+        if in_process is not None:
+            in_process(["--worker-out", out, *arguments])
+        else:
+            command = [sys.executable, script, "--worker-out", out, *arguments]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
         with open(out) as f:
             return json.load(f)
 

@@ -53,6 +53,21 @@ def force_fsdp_on_cpu() -> None:
     AcceleratorState.__init__ = init
 
 
+def reset_strategy_state(environment: dict[str, str]) -> None:
+    """Forget the strategy a finished run set up in this process, so the next run starts as a fresh launch would:
+    accelerate's shared AcceleratorState/GradientState (the process group, PartialState, stays), transformers' global
+    DeepSpeed config (it decides whether models are built under ``zero.Init``) and the ACCELERATE_*/FSDP_* variables
+    the training arguments exported."""
+    from accelerate.state import AcceleratorState, GradientState
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+    unset_hf_deepspeed_config()
+    os.environ.clear()
+    os.environ.update(environment)
+
+
 def strategy_kwargs(strategy: str) -> dict:
     """The training-config arguments of ``strategy`` (one of ``STRATEGIES``); ``fsdp2`` also forces FSDP on CPUs."""
     if strategy == "ddp":

@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--length", type=int, default=128, help="completion length in tokens")
-    parser.add_argument("--quick", action="store_true", help="2 steps, small vocab: checks the script runs")
+    parser.add_argument(
+        "--quick", action="store_true", help="2 steps, small vocab, workers in this process: checks the script runs"
+    )
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> str:
                 os.path.abspath(__file__),
                 ["--config", name, "--steps", str(options.steps), "--vocab", str(options.vocab)]
                 + ["--length", str(options.length)],
+                in_process=main if options.quick else None,
             )
             results[name]["peak"].append(data["peak_mib"])
             results[name]["time"].extend(data["step_times"])

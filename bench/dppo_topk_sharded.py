@@ -28,23 +28,26 @@ STRATEGIES = ("ddp", "zero3", "fsdp2")
 PATHS = ("logits", "LM head")
 
 
-def worker(strategy: str, path: str, steps: int, vocab: int, length: int, out: str) -> None:
+def worker(strategy: str, paths: list[str], steps: int, vocab: int, length: int, out: str) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from _common import measure_train, workload_trainer
-    from _sharding import strategy_kwargs
+    from _sharding import reset_strategy_state, strategy_kwargs
     from accelerate.utils import gather_object
 
     import trl_reasoning as tr
 
-    overrides = {**strategy_kwargs(strategy), "dppo_divergence": "topk_tv"}
-    trainer = workload_trainer(tr.DPPOConfig, tr.DPPOTrainer, overrides, steps, vocab, length)
-    trainer._lm_head_from_hidden = path == "LM head"  # False: the logits fallback, the path sharding used to take
-    result = measure_train(trainer)
-    peaks = gather_object([result["peak_mib"]])
+    results, environment = {}, dict(os.environ)
+    for path in paths:
+        reset_strategy_state(environment)
+        overrides = {**strategy_kwargs(strategy), "dppo_divergence": "topk_tv"}
+        trainer = workload_trainer(tr.DPPOConfig, tr.DPPOTrainer, overrides, steps, vocab, length)
+        trainer._lm_head_from_hidden = path == "LM head"  # False: the logits fallback, the path sharding used to take
+        peaks = gather_object([measure_train(trainer)["peak_mib"]])
+        results[path] = {"peak_mib": max(peaks), "kept_lm_head": trainer._lm_head_from_hidden}
     if trainer.accelerator.is_main_process:
         with open(out, "w") as f:
-            json.dump({"peak_mib": max(peaks), "kept_lm_head": trainer._lm_head_from_hidden}, f)
+            json.dump(results, f)
 
 
 def _torchrun(arguments: list[str]) -> dict:
@@ -70,30 +73,42 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--length", type=int, default=128, help="completion length in tokens")
     parser.add_argument(
-        "--quick", action="store_true", help="ZeRO-3 only, 1 step, small vocab: checks the script runs"
+        "--quick",
+        action="store_true",
+        help="ZeRO-3 only, 1 step, small vocab, both paths in one launch: checks the script runs",
     )
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     parser.add_argument("--strategy", help=argparse.SUPPRESS)
-    parser.add_argument("--path", help=argparse.SUPPRESS)
+    parser.add_argument("--paths", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.quick:
         options.steps, options.repeats, options.vocab, options.length = 1, 1, 512, 16
     if options.worker_out:
-        worker(options.strategy, options.path, options.steps, options.vocab, options.length, options.worker_out)
+        worker(
+            options.strategy,
+            options.paths.split(","),
+            options.steps,
+            options.vocab,
+            options.length,
+            options.worker_out,
+        )
         return ""
 
     strategies = ("zero3",) if options.quick else STRATEGIES
+    # A launch per configuration keeps the memory accounting clean; quick mode runs both paths in one launch.
+    launches = [list(PATHS)] if options.quick else [[path] for path in PATHS]
     peaks: dict[tuple[str, str], list[float]] = {(s, p): [] for s in strategies for p in PATHS}
     for _ in range(options.repeats):
         for strategy in strategies:
-            for path in PATHS:  # interleaved
+            for paths in launches:  # interleaved
                 data = _torchrun(
-                    ["--strategy", strategy, "--path", path, "--steps", str(options.steps)]
+                    ["--strategy", strategy, "--paths", ",".join(paths), "--steps", str(options.steps)]
                     + ["--vocab", str(options.vocab), "--length", str(options.length)]
                 )
-                if data["kept_lm_head"] != (path == "LM head"):
-                    raise RuntimeError(f"{strategy}: the {path!r} path did not hold for the whole run")
-                peaks[(strategy, path)].append(data["peak_mib"])
+                for path, result in data.items():
+                    if result["kept_lm_head"] != (path == "LM head"):
+                        raise RuntimeError(f"{strategy}: the {path!r} path did not hold for the whole run")
+                    peaks[(strategy, path)].append(result["peak_mib"])
     lines = [
         f"DPPO top-K (topk_tv, K=20) under sharding: 2 gloo processes, vocab {options.vocab}, 8 completions x "
         f"{options.length} tokens per process and step, {options.steps} steps x {options.repeats} repeats, CPU "

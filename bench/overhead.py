@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--length", type=int, default=64, help="completion length in tokens")
     parser.add_argument("--trainers", nargs="*", default=list(PAIRS), choices=list(PAIRS))
     parser.add_argument(
-        "--quick", action="store_true", help="3 steps, small model, DAPO unless --trainers: checks the script runs"
+        "--quick",
+        action="store_true",
+        help="3 steps, small model, DAPO unless --trainers, workers in this process: checks the script runs",
     )
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=2, metavar=("TRAINER", "SIDE"), help=argparse.SUPPRESS)
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> str:
                     os.path.abspath(__file__),
                     ["--worker", name, side, "--steps", str(options.steps), "--vocab", str(options.vocab)]
                     + ["--length", str(options.length)],
+                    in_process=main if options.quick else None,
                 )
                 results[name, side]["peak"].append(data["peak_mib"])
                 results[name, side]["time"].extend(data["step_times"])
