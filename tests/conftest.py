@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -18,11 +22,18 @@ import trl_reasoning as tr  # noqa: E402
 from trl_reasoning.demo.task import digit_reward  # noqa: E402
 from trl_reasoning.demo.tiny import cpu_config_kwargs, save_tiny_model  # noqa: E402
 
+#: Set by pytest-xdist in its workers ("gw0", "gw1", ...); None in a plain pytest run.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER is not None:
+    # The README's command runs one worker per core: one intra-op thread each, not a core's worth each (tiny models
+    # gain ~10% from a second thread, two workers ~1.7x).
+    torch.set_num_threads(1)
+
 
 def cpu_args(**overrides) -> dict:
     """Keyword arguments that make a TRL/trl-reasoning config run fast and deterministically on a CPU."""
     args = cpu_config_kwargs(
-        output_dir=overrides.pop("output_dir", "/tmp/trl-reasoning-tests"),
+        output_dir=overrides.pop("output_dir", f"/tmp/trl-reasoning-tests-{XDIST_WORKER or 'main'}"),
         per_device_train_batch_size=8,
         num_generations=4,
         max_completion_length=12,
@@ -34,6 +45,24 @@ def cpu_args(**overrides) -> dict:
     )
     args.update(overrides)
     return args
+
+
+def run_torchrun(worker: Path, *arguments: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run ``worker arguments...`` under ``torchrun`` with two gloo processes on a free local port (so runs in parallel
+    test workers never collide), offline and one thread per process; fails the test with both outputs' tails when it
+    exits non-zero. ``tests/`` is on the workers' path (they import ``conftest``)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    command += ["--master_port", str(port), str(worker), *arguments]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, (
+        f"{worker.name} {' '.join(arguments)} failed:\n{result.stdout[-3000:]}\n" + (result.stderr[-6000:])
+    )
+    return result
 
 
 def make_prompts(n: int = 16) -> Dataset:

@@ -9,15 +9,12 @@ Run alone with ``pytest -m sharded``. Needs DeepSpeed (in the ``test`` extra); s
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_torchrun
 
 from trl_reasoning.guards import LaunchWarning, warn_if_fsdp_not_applied
 
@@ -29,23 +26,12 @@ PRESETS = ("DAPO", "DPPO")
 PARAMETER_TOLERANCE = 2e-4
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tiny_model_path, tmp_path_factory) -> dict[str, dict[str, dict]]:
     pytest.importorskip("deepspeed")
     out_dir = tmp_path_factory.mktemp("sharded")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     # One launch runs every strategy in turn (the worker resets the process-wide state between them).
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    command += ["--master_addr", "127.0.0.1", "--master_port", str(_free_port())]
-    command += [str(WORKER), ",".join(STRATEGIES), tiny_model_path, str(out_dir)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"the sharded runs failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    run_torchrun(WORKER, ",".join(STRATEGIES), tiny_model_path, str(out_dir))
     reports = {
         strategy: {preset: torch.load(out_dir / strategy / f"{preset}.pt", weights_only=False) for preset in PRESETS}
         for strategy in STRATEGIES

@@ -9,32 +9,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_torchrun
 
 WORKER = Path(__file__).with_name("two_process_worker.py")
 PRESETS = ("DAPO", "ScaleRL")
 MAX_STEPS = 5
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _torchrun(model_path: str, out_dir: Path, mode: str) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    command += ["--master_addr", "127.0.0.1", "--master_port", str(_free_port())]
-    command += [str(WORKER), model_path, str(out_dir), mode]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"torchrun {mode} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    run_torchrun(WORKER, model_path, str(out_dir), mode, timeout=300)
 
 
 def _reports(out_dir: Path, preset: str, mode: str) -> list[dict]:

@@ -7,15 +7,12 @@ theirs has zero variance), the others score a hash of the completion (their grou
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import Recorder, StopAt, cpu_args, logged_metric, message_text
+from conftest import Recorder, StopAt, cpu_args, logged_metric, message_text, run_torchrun
 from datasets import Dataset
 
 import trl_reasoning as tr
@@ -292,11 +289,7 @@ def test_scalerl_loss_equals_the_formula_on_a_fixed_batch(tiny_model_path, tmp_p
 
 def test_two_processes_make_the_same_decisions(tiny_model_path, tmp_path):
     worker = Path(__file__).with_name("dynamic_sampling_worker.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29523"]
-    command += [str(worker), tiny_model_path, str(tmp_path)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    run_torchrun(worker, tiny_model_path, str(tmp_path))
     reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert reports[0]["decisions"] == reports[1]["decisions"]
     assert reports[0]["parameter_checksum"] == pytest.approx(reports[1]["parameter_checksum"], rel=0, abs=0)

@@ -6,13 +6,11 @@ and two processes (gloo, launched with torchrun: `accelerate launch --cpu --num_
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_torchrun
 from split_worker import COMBINATIONS, GLOBAL_BATCH, gradients
 
 
@@ -40,11 +38,7 @@ def test_gradient_accumulation_does_not_change_the_gradient(single_process_gradi
 def test_two_processes_give_the_single_process_gradient(single_process_gradients, tiny_model_path, tmp_path):
     out_file = tmp_path / "two_processes.pt"
     worker = Path(__file__).with_name("split_worker.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517"]
-    command += [str(worker), tiny_model_path, str(out_file), str(GLOBAL_BATCH // 2), "1"]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    run_torchrun(worker, tiny_model_path, str(out_file), str(GLOBAL_BATCH // 2), "1")
     two_processes = torch.load(out_file)
     assert len(two_processes) == len(COMBINATIONS)
     for key, expected in single_process_gradients["GA=1"].items():
