@@ -45,3 +45,9 @@ def test_miniature_bench_quick(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # run outputs go under ./outputs
     text = _load("miniature").main(["--quick"])
     assert "| TRL GRPO |" in text and "| ScaleRL |" in text and "| claim | reproduces here? |" in text
+
+
+def test_math_reward_bench_quick():
+    pytest.importorskip("math_verify")
+    table = _load("math_reward").main(["--quick"])
+    assert "| trl-reasoning (fast path + math-verify) | 32/32 |" in table

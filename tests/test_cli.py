@@ -8,13 +8,7 @@ from pathlib import Path
 import pytest
 
 from trl_reasoning import cli
-from trl_reasoning.rewards_math import (
-    extract_final_answer,
-    extract_gsm8k_reference,
-    format_gsm8k,
-    math_answer_reward,
-    normalize_number,
-)
+from trl_reasoning.rewards_math import math_answer_reward
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,22 +73,6 @@ def test_bad_values_name_the_field(tmp_path):
         math_answer_reward,
         cli.resolve_reward_funcs(["digit_reward"])[0],
     ]
-
-
-def test_gsm8k_answer_extraction_and_reward():
-    assert extract_gsm8k_reference("She pays 3 * 4 = <<3*4=12>>12 dollars.\n#### 1,200") == "1200"
-    assert extract_final_answer("so the total is \\boxed{\\frac{1}{2}} or \\boxed{42}") == "42"
-    assert extract_final_answer("The answer is $1,234.50.") == "1234.5"
-    assert extract_final_answer("Steps: 3 + 4 = 7, then 7 * 2 = 14") == "14"
-    assert extract_final_answer("#### -3") == "-3" and extract_final_answer("no number") is None
-    assert normalize_number("4.0") == "4" and normalize_number("0.50") == "0.5"
-    completions = [[{"role": "assistant", "content": c}] for c in ("\\boxed{18}", "it is 17", "18.0 apples", "")]
-    assert math_answer_reward(completions, answer=["18", "18", "#### 18", "18"]) == [1.0, 0.0, 1.0, 0.0]
-    row = format_gsm8k({"question": "How many?", "answer": "2 + 2 = 4\n#### 4"})
-    assert row["answer"] == "4" and row["prompt"][-1] == {"role": "user", "content": "How many?"}
-    assert row["prompt"][0]["role"] == "system"
-    with pytest.raises(ValueError, match="####"):
-        extract_gsm8k_reference("no marker")
 
 
 @pytest.mark.slow
@@ -190,6 +168,27 @@ def test_trl_script_arguments_reward_names_and_dataset_mixtures(tmp_path):
     data, _, _, mixture = cli.parse("dapo", ["--config", str(recipe), "--use_cpu", "true"])
     assert data.reward_funcs == ["trl_reasoning.demo.task.digit_reward"] and data.dataset_streaming
     assert trl.get_dataset(mixture)["train"]["prompt"] == [f"{i}+1=" for i in range(4)]
+
+
+def test_every_reward_name_trl_grpo_accepts_is_accepted():
+    """The names come from `trl grpo`'s own registry (its script's source), so a TRL release that adds one fails
+    here until the CLI offers it too."""
+    import inspect
+    import re
+
+    from trl.rewards import get_soft_overlong_punishment
+    from trl.scripts import grpo
+
+    registry = re.search(r"reward_funcs_registry = \{(.*?)\n    \}", inspect.getsource(grpo), re.S).group(1)
+    trl_names = re.findall(r'^\s*"(\w+)":', registry, re.M)
+    assert "get_soft_overlong_punishment" in trl_names and len(trl_names) >= 4
+    resolved = cli.resolve_reward_funcs(trl_names)
+    assert len(resolved) == len(trl_names) and all(callable(f) for f in resolved)
+    ours = resolved[trl_names.index("get_soft_overlong_punishment")]
+    theirs = get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256)
+    lengths = [[0] * n for n in (100, 1024, 1100, 1280, 1300)]
+    assert ours(completion_ids=lengths) == theirs(completion_ids=lengths)
+    assert ours(completion_ids=lengths)[2] == pytest.approx(-(1100 - 1024) / 256)
 
 
 def test_launch_flags_go_to_accelerate():
