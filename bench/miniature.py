@@ -161,7 +161,7 @@ def summarize(results: dict[str, list[dict]], steps: int, seeds: int) -> tuple[s
         "| method | accuracy at steps "
         + " / ".join(str(p[0]) for p in results["TRL GRPO"][0]["points"])
         + f" (mean) | steps to {TARGET_ACCURACY:.0%} (median) | pass@1 | pass@4 | pass@16 | length correct / incorrect "
-        "| compute-curve A, B, C_mid (tokens), R² | RL s/run |",
+        "| compute-curve A ± se, B ± se, C_mid (tokens), R² | RL s/run |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     summary = {}
@@ -180,7 +180,10 @@ def summarize(results: dict[str, list[dict]], steps: int, seeds: int) -> tuple[s
             measured = [(c, r) for run in runs for _, c, r in run["points"] if c == c]  # c == c: not NaN
             compute, reward = [c for c, _ in measured], [r for _, r in measured]
             fit = fit_compute_curve(compute, reward)
-            fit_text = f"{fit.A:.3f}, {fit.B:.2f}, {fit.C_mid:.3g}, {fit.r_squared:.2f}"
+            fit_text = (
+                f"{fit.A:.3f} ± {fit.A_stderr:.3f}, {fit.B:.2f} ± {fit.B_stderr:.2f}, {fit.C_mid:.3g}, "
+                f"{fit.r_squared:.2f}"
+            )
         except (ValueError, FloatingPointError, OverflowError) as error:
             fit_text = f"no fit ({error})"
         summary[method] = {"pass_k": pass_k, "to_target": to_target, "incorrect": incorrect, "correct": correct}

@@ -3,11 +3,17 @@
 ``R(C) = R0 + (A - R0) / (1 + (C_mid / C) ** B)`` with ``A`` the asymptotic reward, ``B`` the scaling exponent
 (compute efficiency) and ``C_mid`` the compute at which half of the gain ``A - R0`` is reached. ``R0`` is the reward
 before training. Source: ScaleRL, "The Art of Scaling Reinforcement Learning Compute for LLMs", arXiv 2510.13786.
+
+The least-squares fit uses ``scipy.optimize.curve_fit`` when scipy is installed (the ``scaling`` extra) and a small
+Levenberg-Marquardt of its own otherwise; both start from the same grid of points and both report the parameters'
+standard errors as ``curve_fit`` does (``s^2 (J^T J)^-1`` at the optimum, ``s^2`` the residual variance).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +31,12 @@ class ComputeCurveFit:
     r_squared: float
     rmse: float
     num_points: int
+    #: Standard errors of A, B and C_mid (NaN with 3 points: no residual degrees of freedom).
+    A_stderr: float = math.nan
+    B_stderr: float = math.nan
+    C_mid_stderr: float = math.nan
+    #: "scipy.optimize.curve_fit" or "levenberg_marquardt" (the built-in fallback).
+    method: str = "levenberg_marquardt"
 
     def predict(self, compute: Sequence[float] | np.ndarray) -> np.ndarray:
         """``R(C)`` at each compute value (``R0`` at ``C = 0``)."""
@@ -75,10 +87,49 @@ def _levenberg_marquardt(theta, log_c, reward, r0, iterations=500):
     return theta, cost
 
 
+def _curve_fit(theta0, log_c, reward, r0):
+    """``scipy.optimize.curve_fit`` from ``theta0`` (same parametrisation as ``_residuals``); ``None`` if it fails."""
+    from scipy.optimize import OptimizeWarning, curve_fit
+
+    def model(x, a, log_b, log_c_mid):
+        return _residuals(np.array([a, log_b, log_c_mid]), x, np.zeros_like(x), r0)
+
+    try:
+        with warnings.catch_warnings():  # its covariance is not used (see _standard_errors): an exact fit warns
+            warnings.simplefilter("ignore", OptimizeWarning)
+            theta, _ = curve_fit(model, log_c, reward, p0=theta0, method="lm", maxfev=5000)
+    except (RuntimeError, ValueError):  # no convergence from this start: the other starts remain
+        return None
+    residual = _residuals(theta, log_c, reward, r0)
+    return theta, float(residual @ residual)
+
+
+def _standard_errors(a: float, b: float, c_mid: float, r0: float, compute, reward, cost: float) -> tuple:
+    """Standard errors of (A, B, C_mid) as ``curve_fit`` reports them: ``sqrt(diag(s^2 (J^T J)^-1))`` with J the
+    Jacobian of the model in (A, B, C_mid) at the optimum (central differences) and ``s^2 = cost / (n - 3)``."""
+    n = compute.size
+    if n <= 3:
+        return (math.nan,) * 3
+    params = np.array([a, b, c_mid])
+    jacobian = np.empty((n, 3))
+    for j in range(3):
+        step = 1e-6 * max(abs(params[j]), 1e-12)
+        up, down = params.copy(), params.copy()
+        up[j] += step
+        down[j] -= step
+        jacobian[:, j] = (_curve(compute, *up, r0) - _curve(compute, *down, r0)) / (2 * step)
+    try:
+        covariance = np.linalg.inv(jacobian.T @ jacobian) * (cost / (n - 3))
+    except np.linalg.LinAlgError:
+        return (math.nan,) * 3
+    return tuple(float(math.sqrt(v)) if v >= 0 else math.nan for v in np.diag(covariance))
+
+
 def fit_compute_curve(
     compute: Sequence[float] | np.ndarray,
     reward: Sequence[float] | np.ndarray,
     r0: float | None = None,
+    use_scipy: bool | None = None,
 ) -> ComputeCurveFit:
     """Fit ScaleRL's sigmoid ``R(C) = R0 + (A - R0) / (1 + (C_mid / C) ** B)`` by least squares.
 
@@ -86,14 +137,21 @@ def fit_compute_curve(
         compute: compute at each point (any unit, e.g. generated + trained tokens), ``>= 0``.
         reward: the reward (or accuracy) measured at each point.
         r0: the reward before training. ``None`` takes the reward of the point with the least compute.
+        use_scipy: ``None`` fits with ``scipy.optimize.curve_fit`` when scipy is installed, else with the built-in
+            Levenberg-Marquardt; ``True`` requires scipy, ``False`` uses the built-in fit.
 
     Returns:
-        A [`ComputeCurveFit`] with ``A``, ``B``, ``C_mid``, ``R0``, the coefficient of determination ``r_squared`` and
-        the root-mean-square error, over the points with ``compute > 0``.
+        A [`ComputeCurveFit`] with ``A``, ``B``, ``C_mid``, their standard errors, ``R0``, the coefficient of
+        determination ``r_squared`` and the root-mean-square error, over the points with ``compute > 0``.
 
     Raises:
         ValueError: lengths differ, fewer than 3 points with positive compute, negative or non-finite values.
+        ImportError: ``use_scipy=True`` without scipy.
     """
+    scipy_installed = importlib.util.find_spec("scipy") is not None
+    if use_scipy and not scipy_installed:
+        raise ImportError('use_scipy=True needs scipy: pip install "trl-reasoning[scaling]".')
+    use_scipy = scipy_installed if use_scipy is None else use_scipy
     compute = np.asarray(compute, dtype=np.float64)
     reward = np.asarray(reward, dtype=np.float64)
     if compute.shape != reward.shape or compute.ndim != 1:
@@ -115,17 +173,27 @@ def fit_compute_curve(
         for b0 in (0.5, 1.0, 2.0):
             for q in (0.25, 0.5, 0.75):
                 theta0 = np.array([a0, math.log(b0), float(np.quantile(log_c, q))])
-                theta, cost = _levenberg_marquardt(theta0, log_c, points, r0)
+                fitted_here = (_curve_fit if use_scipy else _levenberg_marquardt)(theta0, log_c, points, r0)
+                if fitted_here is None:
+                    continue
+                theta, cost = fitted_here
                 if cost < best_cost:
                     best_theta, best_cost = theta, cost
-    a, log_b, log_c_mid = best_theta
+    if best_theta is None:
+        raise ValueError("The compute curve did not converge from any starting point.")
+    a, b, c_mid = float(best_theta[0]), math.exp(best_theta[1]), math.exp(best_theta[2])
+    a_se, b_se, c_mid_se = _standard_errors(a, b, c_mid, float(r0), compute[fitted], points, best_cost)
     total = float(((points - points.mean()) ** 2).sum())
     return ComputeCurveFit(
-        A=float(a),
-        B=float(math.exp(log_b)),
-        C_mid=float(math.exp(log_c_mid)),
+        A=a,
+        B=b,
+        C_mid=c_mid,
         R0=float(r0),
         r_squared=1.0 - best_cost / total if total > 0 else float("nan"),
         rmse=math.sqrt(best_cost / points.size),
         num_points=int(points.size),
+        A_stderr=a_se,
+        B_stderr=b_se,
+        C_mid_stderr=c_mid_se,
+        method="scipy.optimize.curve_fit" if use_scipy else "levenberg_marquardt",
     )
