@@ -39,12 +39,25 @@ PRESETS: dict[str, tuple[str, str, str]] = {
 }
 #: Embedded tasks: `--task NAME` sets the dataset, its formatting and the default reward.
 TASKS = ("reverse", "gsm8k")
-#: Reward functions selectable by name in `--reward_funcs` (a dotted import path works too).
-REWARD_FUNCS: dict[str, str] = {
+
+
+def trl_soft_overlong_punishment() -> Callable:
+    """TRL's `get_soft_overlong_punishment` reward with the values `trl grpo` gives it for this name
+    (`max_completion_len=1280`, `soft_punish_cache=256`, fixed there as here). For other values, or DAPO's overlong
+    shaping tied to `max_completion_length`, use the presets' `overlong_cache_length` instead."""
+    from trl.rewards import get_soft_overlong_punishment
+
+    return get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256)
+
+
+#: Reward functions selectable by name in `--reward_funcs` (a dotted import path works too): "module:attribute", or a
+#: function that builds the reward (for TRL's reward factories).
+REWARD_FUNCS: dict[str, str | Callable[[], Callable]] = {
     # TRL's own (the names `trl grpo` accepts)
     "accuracy_reward": "trl.rewards:accuracy_reward",
     "reasoning_accuracy_reward": "trl.rewards:reasoning_accuracy_reward",
     "think_format_reward": "trl.rewards:think_format_reward",
+    "get_soft_overlong_punishment": trl_soft_overlong_punishment,
     # this package's
     "math_answer_reward": "trl_reasoning.rewards_math:math_answer_reward",
     "exact_match_reward": "trl_reasoning.demo.task:exact_match_reward",
@@ -94,6 +107,9 @@ def resolve_reward_funcs(names: Sequence[str]) -> list[Callable]:
                 f"--reward_funcs: unknown reward function {name!r}. Use one of {', '.join(REWARD_FUNCS)} or a dotted "
                 "import path such as 'my_package.rewards.my_reward'."
             )
+        if callable(target):
+            funcs.append(target())
+            continue
         module, attribute = target.split(":")
         sys.path.insert(0, os.getcwd())
         try:
@@ -120,7 +136,8 @@ class DataArguments(ScriptArguments):
             `"gsm8k"` (GSM8K prompts, `math_answer_reward`) or `"reverse"` (the embedded digit-reversal task, with the
             cached warm-start tiny model when `model_name_or_path` is unset).
         reward_funcs (`list[str]`, *optional*):
-            Reward function names (TRL's `accuracy_reward`, `reasoning_accuracy_reward`, `think_format_reward`; this
+            Reward function names (TRL's `accuracy_reward`, `reasoning_accuracy_reward`, `think_format_reward`,
+            `get_soft_overlong_punishment`; this
             package's `math_answer_reward`, `exact_match_reward`, `digit_reward`) or dotted import paths. One name (a
             YAML string) is a list of one. Defaults to the task's reward.
         pass_at_k_samples (`int`, *optional*, defaults to `0`):
