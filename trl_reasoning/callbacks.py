@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
 from .evaluation import mean_pass_at_k
@@ -126,6 +127,7 @@ def evaluate_pass_at_k(
     greedy: bool = True,
     max_prompts: int | None = None,
     accelerator=None,
+    progress: bool = False,
 ) -> dict[str, float]:
     r"""
     Sample `num_samples` completions per prompt and report unbiased pass@k, greedy accuracy, reward and length.
@@ -161,6 +163,8 @@ def evaluate_pass_at_k(
         accelerator (`accelerate.Accelerator`, *optional*):
             With several processes, each evaluates a slice of the prompts and the counts are gathered; every process
             returns the same metrics.
+        progress (`bool`, *optional*, defaults to `False`):
+            Show a progress bar (prompts of this process; on the main process only).
 
     Returns:
         `dict[str, float]`: `pass@{k}` for every `k` (averaged over prompts), `accuracy` (greedy, if `greedy`),
@@ -201,6 +205,13 @@ def evaluate_pass_at_k(
     tokenizer.padding_side = "left"
     model.eval()
     stats = []  # per prompt: correct, reward sum, length sum, greedy correct
+    is_main = accelerator is None or accelerator.is_main_process
+    bar = tqdm(
+        total=len(local),
+        desc=f"pass@k eval ({len(rows)} prompts x {num_samples} samples, {world} process{'es' if world > 1 else ''})",
+        unit="prompt",
+        disable=not (progress and is_main),
+    )
     try:
         for start in range(0, len(local), batch_size):
             batch = local[start : start + batch_size]
@@ -224,7 +235,9 @@ def evaluate_pass_at_k(
                         float(greedy_rewards[i] >= success_threshold) if greedy else 0.0,
                     ]
                 )
+            bar.update(len(batch))
     finally:
+        bar.close()
         tokenizer.padding_side = padding_side
         model.train(was_training)
 

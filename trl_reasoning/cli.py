@@ -193,6 +193,13 @@ class EvalArguments:
             Sampling and evaluation settings (see `trl_reasoning.callbacks.evaluate_pass_at_k`).
         output_json (`str`, *optional*):
             Also write the metrics to this JSON file.
+        seed (`int`, *optional*, defaults to `0`):
+            Sampling seed (each process draws from `seed + its index`).
+        use_cpu (`bool`, *optional*, defaults to `False`):
+            Evaluate on the CPU even if a GPU is there (as the training argument of that name).
+
+    With `--num_processes N` (or `--accelerate_config FILE`) the command runs under `accelerate launch`: each
+    process evaluates its share of the prompts and the counts are gathered, so the metrics are those of one process.
     """
 
     model_name_or_path: str | None = field(default=None, metadata={"help": "Model folder or Hub id to evaluate."})
@@ -212,6 +219,8 @@ class EvalArguments:
     success_threshold: float = field(default=1.0, metadata={"help": "Reward at or above which a sample is correct."})
     greedy: bool = field(default=True, metadata={"help": "Also report greedy accuracy."})
     output_json: str | None = field(default=None, metadata={"help": "Write the metrics to this JSON file."})
+    seed: int = field(default=0, metadata={"help": "Sampling seed (each process uses seed + its index)."})
+    use_cpu: bool = field(default=False, metadata={"help": "Evaluate on the CPU even if a GPU is available."})
 
     def __post_init__(self):
         self.reward_funcs = _as_list(self.reward_funcs)
@@ -447,7 +456,10 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
 
 
 def evaluate(eval_args: EvalArguments) -> dict[str, float]:
-    """`trl-reasoning eval`: pass@k (and greedy accuracy, reward, length) of a saved model on a dataset split."""
+    """`trl-reasoning eval`: pass@k (and greedy accuracy, reward, length) of a saved model on a dataset split. Under
+    `accelerate launch` the prompts are split between the processes; only the main process prints and writes."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
     from transformers import AutoModelForCausalLM
 
     from .callbacks import evaluate_pass_at_k
@@ -455,11 +467,13 @@ def evaluate(eval_args: EvalArguments) -> dict[str, float]:
 
     if eval_args.model_name_or_path is None:
         raise ValueError("trl-reasoning eval needs --model_name_or_path.")
+    accelerator = Accelerator(cpu=eval_args.use_cpu)
+    set_seed(eval_args.seed, device_specific=True)
     dataset = load_task_dataset(eval_args.task, eval_args.dataset_name, eval_args.dataset_config)
     if eval_args.split not in dataset:
         raise ValueError(f"--split: the dataset has no split {eval_args.split!r}; it has {', '.join(dataset)}.")
     tokenizer = load_tokenizer(eval_args.model_name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(eval_args.model_name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(eval_args.model_name_or_path).to(accelerator.device)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     metrics = evaluate_pass_at_k(
@@ -477,14 +491,22 @@ def evaluate(eval_args: EvalArguments) -> dict[str, float]:
         success_threshold=eval_args.success_threshold,
         greedy=eval_args.greedy,
         max_prompts=eval_args.max_prompts,
+        accelerator=accelerator,
+        progress=True,
     )
-    print(f"{eval_args.model_name_or_path} on {eval_args.task or eval_args.dataset_name} [{eval_args.split}]")
-    print("| metric | value |\n|---|---:|")
-    for key, value in metrics.items():
-        print(f"| {key} | {value:.4f} |")
-    if eval_args.output_json:
-        with open(eval_args.output_json, "w") as handle:
-            json.dump(metrics, handle, indent=2)
+    if accelerator.is_main_process:
+        processes = accelerator.num_processes
+        print(
+            f"{eval_args.model_name_or_path} on {eval_args.task or eval_args.dataset_name} [{eval_args.split}] "
+            f"({processes} process{'es' if processes > 1 else ''})"
+        )
+        print("| metric | value |\n|---|---:|")
+        for key, value in metrics.items():
+            print(f"| {key} | {value:.4f} |")
+        if eval_args.output_json:
+            with open(eval_args.output_json, "w") as handle:
+                json.dump(metrics, handle, indent=2)
+    accelerator.wait_for_everyone()
     return metrics
 
 
@@ -608,12 +630,12 @@ def run(argv: Sequence[str] | None = None) -> Any:
         demo_args, training_args = parse("demo", rest)
         _, trainer_class = load_preset(demo_args.algorithm)
         return run_demo(demo_args, training_args, trainer_class)
-    if command == "eval":
-        (eval_args,) = parse("eval", rest)
-        return evaluate(eval_args)
     launch_args, rest = _launch_arguments(rest)
     if launch_args:
         return _launch(launch_args, command, rest)
+    if command == "eval":
+        (eval_args,) = parse("eval", rest)
+        return evaluate(eval_args)
     data_args, training_args, model_args, mixture = parse(command, rest)
     return train(data_args, training_args, model_args, load_preset(command)[1], mixture)
 

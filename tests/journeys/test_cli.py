@@ -1,7 +1,7 @@
 """Journey: the `trl-reasoning` command line, as a user runs it, from a local model folder and a local `train.jsonl`,
 with a reward function from the user's own module (on PYTHONPATH). It trains past two checkpoints, is run again with
 `--resume_from_checkpoint` (a restarted job) and finishes, and the saved model is then evaluated with
-`trl-reasoning eval`."""
+`trl-reasoning eval --num_processes 2` (two processes, each with half of the prompts)."""
 
 from __future__ import annotations
 
@@ -112,6 +112,8 @@ def cli_run(tmp_path_factory):
             "--max_new_tokens", "8",
             "--success_threshold", "0.5",
             "--output_json", str(metrics_file),
+            "--num_processes", "2",  # each process evaluates half of the prompts
+            "--use_cpu", "true",
         ],
         workdir,
         env,
@@ -168,6 +170,11 @@ def test_cli_evaluates_the_saved_model(cli_run):
     assert metrics["num_prompts"] == 8 and metrics["num_samples"] == 2
     assert 0.0 <= metrics["pass@1"] <= metrics["pass@2"] <= 1.0
     assert "| pass@2 |" in cli_run["evaluation"].stdout
+    # Two processes, the 8 prompts split between them (the main process's bar counts its 4), one table printed.
+    assert cli_run["evaluation"].stdout.count("| pass@2 |") == 1
+    assert "[train] (2 processes)" in cli_run["evaluation"].stdout
+    assert "pass@k eval (8 prompts x 2 samples, 2 processes)" in cli_run["evaluation"].stderr
+    assert "4/4" in cli_run["evaluation"].stderr
 
 
 def _card_title(card: str) -> str:
