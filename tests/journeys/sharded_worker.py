@@ -1,5 +1,6 @@
 """Sharded-training worker (run under torchrun with two gloo processes): DAPO with dynamic sampling and DPPO with the
-top-K TV divergence, three steps each, under one strategy: ``ddp``, ``zero2``, ``zero3`` (DeepSpeed, parameters
+top-K TV divergence, three steps each with a checkpoint at step 2 that a fresh trainer then resumes from, under
+each strategy: ``ddp``, ``zero2``, ``zero3`` (DeepSpeed, parameters
 really partitioned) or ``fsdp2``.
 
 Usage: ``torchrun --nproc_per_node 2 tests/journeys/sharded_worker.py STRATEGIES MODEL_PATH OUT_DIR`` with
@@ -34,6 +35,7 @@ from _sharding import reset_strategy_state, strategy_kwargs  # noqa: E402
 from two_process_worker import fixed_or_open_reward as reward  # noqa: E402  ("fixed …" scores 1, "open …" varies)
 
 MAX_STEPS = 3
+RESUME_FROM = 2  # a checkpoint at step 2; a fresh trainer resumes from it and trains step 3 again
 TEXTS = ["fixed 0", "open 0", "fixed 1", "open 1", "open 2", "fixed 2", "open 3", "open 4"]
 PRESETS = {
     "DAPO": (tr.DAPOTrainer, tr.DAPOConfig, {"dynamic_sampling": True, "max_num_gen_batches": 4}),
@@ -57,23 +59,27 @@ def full_parameters(trainer) -> dict[str, torch.Tensor]:
     return out
 
 
-def run(strategy: str, preset: str, model_path: str, out_dir: str) -> None:
+def run(strategy: str, preset: str, model_path: str, out_dir: str, environment: dict[str, str]) -> None:
     trainer_cls, config_cls, options = PRESETS[preset]
-    args = config_cls(
-        **cpu_config_kwargs(),
-        **strategy_kwargs(strategy),
-        output_dir=os.path.join(out_dir, strategy, preset),
-        max_steps=MAX_STEPS,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=8,
-        learning_rate=1e-2,
-        logging_steps=1,
-        seed=0,
-        **options,
-    )
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t}]} for t in TEXTS])
-    trainer = trainer_cls(model=model_path, reward_funcs=reward, args=args, train_dataset=dataset)
+
+    def make_trainer():
+        args = config_cls(
+            **cpu_config_kwargs(save_strategy="steps", save_steps=RESUME_FROM),
+            **strategy_kwargs(strategy),
+            output_dir=os.path.join(out_dir, strategy, preset),
+            max_steps=MAX_STEPS,
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=8,
+            learning_rate=1e-2,
+            logging_steps=1,
+            seed=0,
+            **options,
+        )
+        return trainer_cls(model=model_path, reward_funcs=reward, args=args, train_dataset=dataset)
+
+    trainer = make_trainer()
     initial = full_parameters(trainer)
     trainer.train()
     final = full_parameters(trainer)
@@ -90,9 +96,21 @@ def run(strategy: str, preset: str, model_path: str, out_dir: str) -> None:
         "moved": max((final[n] - initial[n]).abs().max().item() for n in final),
         "parameters": final,
     }
-    if trainer.accelerator.is_main_process:
+    # A restarted job: a fresh trainer resumes from the sharded checkpoint (DeepSpeed's or FSDP's own format, with
+    # the optimizer state and trl-reasoning's sampling state) and trains the last step again.
+    reset_strategy_state(environment)  # as a new process would start
+    resumed = make_trainer()
+    resumed.train(resume_from_checkpoint=os.path.join(resumed.args.output_dir, f"checkpoint-{RESUME_FROM}"))
+    resumed_final = full_parameters(resumed)
+    report |= {
+        "resumed_global_step": resumed.state.global_step,
+        "resumed_losses": [e["loss"] for e in resumed.state.log_history if "loss" in e],
+        "resumed_rewards": [e["reward"] for e in resumed.state.log_history if "reward" in e],
+        "resume_difference": max((resumed_final[n] - final[n]).abs().max().item() for n in final),
+    }
+    if resumed.accelerator.is_main_process:
         torch.save(report, os.path.join(out_dir, strategy, f"{preset}.pt"))
-    trainer.accelerator.wait_for_everyone()
+    resumed.accelerator.wait_for_everyone()
 
 
 if __name__ == "__main__":
@@ -100,5 +118,5 @@ if __name__ == "__main__":
     launch_environment = dict(os.environ)
     for strategy_name in strategy_names.split(","):
         for name in PRESETS:
-            run(strategy_name, name, model, out)
+            run(strategy_name, name, model, out, launch_environment)
             reset_strategy_state(launch_environment)

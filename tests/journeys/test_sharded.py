@@ -1,5 +1,5 @@
 """Journey: past one process for real. Two gloo processes train DAPO (dynamic sampling) and DPPO (top-K TV) for three
-steps under DDP, DeepSpeed ZeRO-2, DeepSpeed ZeRO-3 (every parameter partitioned) and FSDP2 (forced onto the CPU, see
+steps, saving a checkpoint at step 2 that a fresh trainer resumes from, under DDP, DeepSpeed ZeRO-2, DeepSpeed ZeRO-3 (every parameter partitioned) and FSDP2 (forced onto the CPU, see
 ``sharded_worker.force_fsdp_on_cpu``), from the same seed. Every sharded run must take the same decisions and losses
 as DDP and end with the same parameters (float32 reduction order aside), and DPPO's top-K must not fall back to the
 ``[B, T, vocab]`` logits when the LM head is sharded.
@@ -58,6 +58,22 @@ def test_sharded_training_matches_ddp(strategy, preset, runs):
     assert sharded["moved"] > 1e-3  # the steps did train
     difference = max((sharded["parameters"][n] - ddp["parameters"][n]).abs().max().item() for n in ddp["parameters"])
     assert difference < PARAMETER_TOLERANCE
+
+
+@pytest.mark.journey
+@pytest.mark.slow
+@pytest.mark.sharded
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_sharded_checkpoint_resumes_to_the_uninterrupted_run(strategy, preset, runs):
+    """A fresh trainer resumed from the step-2 checkpoint of a sharded run (ZeRO's or FSDP's own checkpoint format)
+    trains step 3 as the uninterrupted run did: same rewards, same loss, same parameters."""
+    report = runs[strategy][preset]
+    assert report["resumed_global_step"] == report["global_step"] == 3
+    # The history is the checkpoint's (steps 1-2) then the resumed step 3.
+    assert report["resumed_rewards"] == report["rewards"]
+    assert report["resumed_losses"] == pytest.approx(report["losses"], rel=1e-4, abs=1e-6)
+    assert report["resume_difference"] < PARAMETER_TOLERANCE
 
 
 @pytest.mark.journey
