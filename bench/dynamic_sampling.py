@@ -1,8 +1,9 @@
-"""Dynamic sampling on vs off: generation rounds per step and the share of generated groups that train.
+"""Dynamic sampling off vs on, with extra rounds of a full batch (verl's DAPO) or sized from the keep rate (this
+package's default): generation rounds per step, the groups that train, and what they cost in generated tokens.
 
 DAPO on the tiny offline model with a binary reward (does the completion contain a digit?). As the policy learns,
 more groups have all-equal rewards: without dynamic sampling they train nothing; with it, more rounds refill the
-batch. Prints a markdown table (medians over steps). Usage:
+batch. The runs share the seed, so they see the same first round. Prints a markdown table (medians over steps). Usage:
 
     python bench/dynamic_sampling.py [--steps 30] [--quick]
 """
@@ -34,7 +35,14 @@ def contains_digit(completions, **kwargs) -> list[float]:
     return [float(any(ch.isdigit() for ch in text)) for text in texts]
 
 
-def run(model_path: str, dynamic: bool, steps: int, output_dir: str) -> dict[str, float]:
+MODES = {
+    "off": (False, "keep_rate"),
+    "on, full rounds (verl)": (True, "full"),
+    "on, keep-rate rounds": (True, "keep_rate"),
+}
+
+
+def run(model_path: str, dynamic: bool, extra_round_size: str, steps: int, output_dir: str) -> dict[str, float]:
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}="}]} for i in range(64)])
     args = tr.DAPOConfig(
         **cpu_config_kwargs(),
@@ -47,6 +55,7 @@ def run(model_path: str, dynamic: bool, steps: int, output_dir: str) -> dict[str
         logging_steps=1,
         seed=0,
         dynamic_sampling=dynamic,
+        extra_round_size=extra_round_size,
     )
     trainer = tr.DAPOTrainer(model=model_path, reward_funcs=contains_digit, args=args, train_dataset=dataset)
     start = time.perf_counter()
@@ -59,19 +68,25 @@ def run(model_path: str, dynamic: bool, steps: int, output_dir: str) -> dict[str
     groups_per_batch = args.generation_batch_size // args.num_generations
     if dynamic:
         rounds = [entry["group_selection/generation_rounds"] for entry in logs]
+        generated = [entry["group_selection/groups_generated"] for entry in logs]
         kept = [entry["group_selection/groups_kept"] / entry["group_selection/groups_generated"] for entry in logs]
         training = [entry["group_selection/groups_kept"] for entry in logs]
+        per_group = [entry["group_selection/tokens_per_trained_group"] for entry in logs]
         cap = sum(entry["group_selection/round_cap_hit"] for entry in logs)
     else:  # one round; the groups that carry a gradient are the informative ones
-        rounds = [1.0] * len(logs)
+        rounds, generated = [1.0] * len(logs), [float(groups_per_batch)] * len(logs)
         kept = [1.0 - z for z in zero_variance]
         training = [groups_per_batch * k for k in kept]
+        tokens = [entry["completions/mean_length"] * args.generation_batch_size for entry in logs]
+        per_group = [t / max(g, 1e-9) for t, g in zip(tokens, training)]
         cap = 0.0
     return {
         "rounds_median": statistics.median(rounds),
         "rounds_max": max(rounds),
+        "generated_median": statistics.median(generated),
         "kept_fraction_median": statistics.median(kept),
         "training_groups_median": statistics.median(training),
+        "tokens_per_group_median": statistics.median(per_group),
         "zero_variance_median": statistics.median(zero_variance),
         "reward_last5": statistics.mean(entry["reward"] for entry in logs[-5:]),
         "cap_hits": cap,
@@ -87,20 +102,21 @@ def main(argv: list[str] | None = None) -> str:
     steps = 3 if options.quick else options.steps
     with tempfile.TemporaryDirectory() as tmp:
         model_path = str(save_tiny_model(os.path.join(tmp, "model"), seed=0))
-        results = {name: run(model_path, name == "on", steps, tmp) for name in ("off", "on")}
+        results = {name: run(model_path, *mode, steps, tmp) for name, mode in MODES.items()}
     lines = [
         f"Dynamic sampling, DAPO on the tiny model, binary 'contains a digit' reward, {steps} steps, "
         "4 groups of 4 per step (medians over steps)",
         "",
-        "| dynamic sampling | rounds/step (median, max) | share of generated groups that train | groups training "
-        "per step | zero-variance share of generated groups | reward (last 5 steps) | cap hits | wall s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| dynamic sampling | rounds/step (median, max) | groups generated/step | share of generated groups that "
+        "train | groups training per step | generated tokens per training group | zero-variance share of generated "
+        "groups | reward (last 5 steps) | cap hits | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         lines.append(
-            f"| {name} | {r['rounds_median']:.1f}, {r['rounds_max']:.0f} | {r['kept_fraction_median']:.2f} | "
-            f"{r['training_groups_median']:.1f} | {r['zero_variance_median']:.2f} | {r['reward_last5']:.3f} | "
-            f"{r['cap_hits']:.0f} | {r['wall_s']:.1f} |"
+            f"| {name} | {r['rounds_median']:.1f}, {r['rounds_max']:.0f} | {r['generated_median']:.1f} | "
+            f"{r['kept_fraction_median']:.2f} | {r['training_groups_median']:.1f} | {r['tokens_per_group_median']:.1f} "
+            f"| {r['zero_variance_median']:.2f} | {r['reward_last5']:.3f} | {r['cap_hits']:.0f} | {r['wall_s']:.1f} |"
         )
     table = "\n".join(lines)
     print(table)

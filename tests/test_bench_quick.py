@@ -21,7 +21,7 @@ def _load(name: str):
 
 def test_dynamic_sampling_bench_quick():
     table = _load("dynamic_sampling").main(["--quick"])
-    assert "| off |" in table and "| on |" in table
+    assert "| off |" in table and "| on, full rounds (verl) |" in table and "| on, keep-rate rounds |" in table
 
 
 def test_dppo_topk_bench_quick():

@@ -19,13 +19,16 @@ from .aggregation import completion_weights
 class TrainBatch:
     """What one generation batch trains on, as the trainer fixed it (``ReasoningTrainer.last_train_batch``): the shaped
     ``rewards`` and ``advantages`` of the gathered batch (all processes, group by group), which groups train
-    (``active_groups``, one bool per group; ``None`` when every group trains) and this process's ``loss_weights``.
-    Read it from a callback's ``on_step_end`` to see what a step trained on."""
+    (``active_groups``, one bool per group; ``None`` when every group trains), this process's ``loss_weights`` and
+    ``generation_rounds``: ``(groups generated, informative groups)`` of each generation round behind the batch (all
+    processes; one round unless dynamic sampling generated more). Read it from a callback's ``on_step_end`` to see
+    what a step trained on."""
 
     rewards: torch.Tensor
     advantages: torch.Tensor
     active_groups: torch.Tensor | None
     loss_weights: torch.Tensor
+    generation_rounds: tuple[tuple[int, int], ...] = ()
 
 
 def batch_advantages_and_weights(

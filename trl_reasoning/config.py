@@ -21,7 +21,7 @@ from .aggregation import AGGREGATIONS
 from .losses import DPPO_DEFAULT_THRESHOLDS, POLICY_LOSSES
 from .model_card import record_derived_values
 from .rewards import REWARD_ERROR_POLICIES
-from .sampling import resolve_group_selection
+from .sampling import EXTRA_ROUND_SIZES, resolve_group_selection
 from .typed_fields import coerce_field_types
 
 # TRL's `loss_type` = (objective, aggregation). `importance_sampling_level="sequence"` turns "grpo" into GSPO.
@@ -94,6 +94,11 @@ class ReasoningConfig(GRPOConfig):
             with dropped groups whose loss weight is 0), with a warning and the `group_selection/round_cap_hit` metric.
         max_num_gen_batches (`int`, *optional*, defaults to `10`):
             The most generation rounds (the dataloader's batch included) dynamic sampling runs for one batch.
+        extra_round_size (`str`, *optional*, defaults to `"keep_rate"`):
+            How many prompts an extra dynamic-sampling round generates: `"keep_rate"` sizes it from the share of
+            informative groups measured so far in the step (`ceil(missing / keep rate)` groups, whole rows on every
+            process, at most a full batch; `sampling.extra_round_groups`); `"full"` generates a full generation batch
+            every round, as verl's DAPO does. Which groups train follows the same rule either way.
         zero_variance_filtering (`bool`, *optional*, defaults to `False`):
             ScaleRL's zero-variance filtering: groups whose task rewards are all equal get loss weight 0 and the
             loss normalizers count only the other groups. Nothing is regenerated.
@@ -204,6 +209,13 @@ class ReasoningConfig(GRPOConfig):
     max_num_gen_batches: int = field(
         default=10,
         metadata={"help": "Dynamic sampling: the most generation rounds per batch (the first one included)."},
+    )
+    extra_round_size: str = field(
+        default="keep_rate",
+        metadata={
+            "help": "Dynamic sampling: size extra rounds from the measured keep rate ('keep_rate') or generate a full "
+            "batch each round as verl does ('full')."
+        },
     )
     zero_variance_filtering: bool = field(
         default=False,
@@ -405,6 +417,10 @@ class ReasoningConfig(GRPOConfig):
             raise ValueError(
                 f"max_num_gen_batches must be >= 1 (the number of generation rounds dynamic sampling may run per "
                 f"batch), got {self.max_num_gen_batches}."
+            )
+        if self.extra_round_size not in EXTRA_ROUND_SIZES:
+            raise ValueError(
+                f"Unknown extra_round_size {self.extra_round_size!r}. Allowed values: {', '.join(EXTRA_ROUND_SIZES)}."
             )
         resolve_group_selection(self)  # raises on an unknown name or one that contradicts the switches
         threshold = self.positive_resampling_threshold

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,12 +78,13 @@ def select_groups(informative: Sequence[bool], target: int) -> tuple[list[int], 
 class SampledRound:
     """One generation round as a selection strategy sees it: the round's ``rows`` (opaque here), its gathered shaped
     ``rewards`` ``(N,)``, ``informative`` ``(N / G,)`` bool (task rewards not all equal) and, for logging, the
-    ``task_rewards`` ``(N,)`` they were judged on."""
+    ``task_rewards`` ``(N,)`` they were judged on and the ``completion_tokens`` the round generated (all processes)."""
 
     rows: Any
     rewards: torch.Tensor
     informative: torch.Tensor
     task_rewards: torch.Tensor | None = None
+    completion_tokens: int | None = None
 
 
 @dataclass
@@ -167,6 +169,31 @@ class DynamicSampling(GroupSelection):
         return chosen, torch.tensor(active, dtype=torch.bool, device=informative.device)
 
 
+#: How extra dynamic-sampling rounds are sized: from the measured keep rate, or a full batch each (verl's DAPO).
+EXTRA_ROUND_SIZES = ("keep_rate", "full")
+
+
+def extra_round_groups(
+    kept: int, generated: int, target: int, full_round: int, num_processes: int, num_generations: int
+) -> int:
+    """The number of groups the next dynamic-sampling round generates when sized from the keep rate.
+
+    ``kept`` informative groups were found among the ``generated`` ones so far this step; ``target - kept`` are still
+    missing. At the measured rate ``kept / generated`` they need ``ceil(missing * generated / kept)`` groups. That is
+    rounded up to the smallest unit every process can hold whole rows of (each of the ``num_processes`` generates the
+    same number of rows: a multiple of ``num_processes / gcd(num_generations, num_processes)`` groups) and capped at
+    ``full_round``, a full batch, which is also what a step with no informative group yet generates (no rate to go by).
+    """
+    missing = target - kept
+    if missing <= 0:
+        return 0
+    if kept == 0 or generated == 0:
+        return full_round
+    needed = math.ceil(missing * generated / kept)
+    unit = num_processes // math.gcd(num_generations, num_processes)
+    return min(full_round, math.ceil(needed / unit) * unit)
+
+
 def group_selection_name(dynamic_sampling: bool, zero_variance_filtering: bool) -> str:
     """The strategy a config's switches ask for (dynamic sampling already drops uninformative groups)."""
     if dynamic_sampling:
@@ -197,14 +224,21 @@ def resolve_group_selection(args: Any) -> str:
 
 
 def sample_groups(
-    strategy: str, score_round: Callable[[int], SampledRound], target: int, max_rounds: int
+    strategy: str,
+    score_round: Callable[[int, int], SampledRound],
+    target: int,
+    max_rounds: int,
+    next_round_groups: Callable[[list[SampledRound]], int] | None = None,
 ) -> GroupPlan:
-    """Run generation rounds with ``score_round(round_index)`` as the strategy ``strategy`` asks, then choose the
-    batch's ``target`` groups. Every decision reads only gathered rewards, so all processes take the same ones."""
+    """Run generation rounds with ``score_round(round_index, num_groups)`` as the strategy ``strategy`` asks, then
+    choose the batch's ``target`` groups. The first round is a full batch (``target`` groups); an extra round has
+    ``next_round_groups(rounds so far)`` groups (a full batch when ``None``, as verl's DAPO generates). Every decision
+    reads only gathered rewards, so all processes take the same ones."""
     selection = GROUP_SELECTIONS.get(strategy)()
     rounds: list[SampledRound] = []
     for index in range(selection.rounds(max_rounds)):
-        rounds.append(score_round(index))
+        num_groups = target if index == 0 or next_round_groups is None else next_round_groups(rounds)
+        rounds.append(score_round(index, num_groups))
         if selection.enough(rounds, target):
             break
     informative = torch.cat([r.informative for r in rounds])

@@ -23,6 +23,7 @@ How a step works, on top of TRL's ``GRPOTrainer``:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import logging
@@ -58,6 +59,7 @@ from .sampling import (
     PromptState,
     RetiredPrompts,
     SampledRound,
+    extra_round_groups,
     group_pass_rates,
     informative_groups,
     prompt_key,
@@ -383,19 +385,26 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             return output
         local_size = len(inputs)
 
-        def score_round(index: int) -> SampledRound:
-            round_inputs = inputs if index == 0 else self._extra_round_inputs(local_size, template=inputs[0])
+        def score_round(index: int, num_groups: int) -> SampledRound:
+            round_inputs = inputs if index == 0 else self._extra_round_inputs(num_groups, template=inputs[0])
             output, rewards, task_rewards = self._score_round(round_inputs, mode)
             self._retire_passing_prompts(round_inputs, task_rewards)
-            return SampledRound(output, rewards, informative_groups(task_rewards, self.num_generations), task_rewards)
+            informative = informative_groups(task_rewards, self.num_generations)
+            tokens = int(self.accelerator.gather(output["completion_mask"].sum()).sum().item())
+            return SampledRound(output, rewards, informative, task_rewards, completion_tokens=tokens)
 
         target = local_size * self.accelerator.num_processes // self.num_generations
-        plan = sample_groups(self._group_selection, score_round, target, self.args.max_num_gen_batches)
+        plan = sample_groups(
+            self._group_selection, score_round, target, self.args.max_num_gen_batches, self._extra_round_sizer(target)
+        )
         self._log_sampling_metrics(plan)
         if plan.regroup:
-            return self._regrouped_batch(plan, local_size)
-        output = plan.rounds[0].rows
-        self._finalize_batch(output, plan.rounds[0].rewards, plan.active, mode, self._local_rows(local_size))
+            output = self._regrouped_batch(plan, local_size)
+        else:
+            output = plan.rounds[0].rows
+            self._finalize_batch(output, plan.rounds[0].rewards, plan.active, mode, self._local_rows(local_size))
+        rounds = tuple((r.informative.numel(), int(r.informative.sum())) for r in plan.rounds)
+        self.last_train_batch = dataclasses.replace(self.last_train_batch, generation_rounds=rounds)
         return output
 
     def _score_round(self, inputs, mode: str) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -485,7 +494,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _regrouped_batch(self, plan: GroupPlan, local_size: int) -> dict[str, torch.Tensor]:
         """The batch of the groups ``plan`` chose from several rounds: every round's rows gathered from all processes,
         the chosen ones stacked, and this process's slice kept (all processes hold the same plan)."""
-        rows = [self._gather_rows(r.rows, local_size) for r in plan.rounds]
+        processes = self.accelerator.num_processes
+        rows = [self._gather_rows(r.rows, r.rewards.numel() // processes) for r in plan.rounds]
         for r in plan.rounds:  # placeholders in the completions table, set below for the last round
             self._logs["advantages"].extend([0.0] * r.rewards.numel())
         row_sources = plan.row_sources(self.num_generations)
@@ -537,15 +547,28 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             rows[key] = self.accelerator.gather(value)
         return rows
 
-    def _extra_round_inputs(self, local_size: int, template: dict) -> list[dict]:
-        """This process's rows of a fresh generation round: prompts from the seeded stream, each repeated
-        ``num_generations`` times, laid out across processes as TRL's sampler does."""
+    def _extra_round_sizer(self, full_round: int):
+        """``sample_groups``' sizer of extra rounds: from the keep rate measured so far in the step, or ``None`` (a
+        full batch each round) with ``extra_round_size="full"``."""
+        if self.args.extra_round_size == "full":
+            return None
+
+        def next_round_groups(rounds: list[SampledRound]) -> int:
+            kept = sum(int(r.informative.sum()) for r in rounds)
+            generated = sum(r.informative.numel() for r in rounds)
+            processes = self.accelerator.num_processes
+            return extra_round_groups(kept, generated, full_round, full_round, processes, self.num_generations)
+
+        return next_round_groups
+
+    def _extra_round_inputs(self, num_prompts: int, template: dict) -> list[dict]:
+        """This process's rows of a fresh generation round of ``num_prompts`` prompts from the seeded stream, each
+        repeated ``num_generations`` times, laid out across processes as TRL's sampler does."""
         stream = self._prompt_state.extra_prompts()
-        num_prompts = local_size * self.accelerator.num_processes // self.num_generations
         indices = [i for i in stream.take(num_prompts) for _ in range(self.num_generations)]
         columns = set(template)
         rows = []
-        for index in indices[self._local_rows(local_size)]:
+        for index in indices[self._local_rows(len(indices) // self.accelerator.num_processes)]:
             row = self.train_dataset[index]
             rows.append({key: value for key, value in row.items() if key in columns})
         return rows
@@ -584,6 +607,10 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         if plan.active is not None:  # a strategy that made a selection
             metrics["group_selection/groups_generated"].append(float(plan.informative.numel()))
             metrics["group_selection/groups_kept"].append(float(plan.active.sum()))
+            # What the step's selection cost: completion tokens generated, over all rounds, per group that trains.
+            tokens = float(sum(r.completion_tokens or 0 for r in plan.rounds))
+            metrics["group_selection/generated_tokens"].append(tokens)
+            metrics["group_selection/tokens_per_trained_group"].append(tokens / max(float(plan.active.sum()), 1.0))
             # TRL's `reward` and this trainer's `task_reward` average every generated completion; this is the task
             # reward of the completions that train.
             rows = plan.row_sources(self.num_generations)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from trl_reasoning.sampling import (
     RetiredPrompts,
     SampledRound,
     eligible_indices,
+    extra_round_groups,
     group_pass_rates,
     group_selection_name,
     informative_groups,
@@ -183,7 +185,7 @@ def _rounds(*flags_per_round, num_generations=2):
     """score_round for sample_groups: round i has the informative flags flags_per_round[i] (rewards 0 1 or 1 1)."""
     calls = []
 
-    def score_round(index):
+    def score_round(index, num_groups):
         calls.append(index)
         flags = torch.tensor(flags_per_round[index])
         rewards = torch.stack([torch.tensor([0.0, 1.0]) if f else torch.tensor([1.0, 1.0]) for f in flags]).flatten()
@@ -219,6 +221,49 @@ def test_dynamic_sampling_out_of_rounds_fills_with_inactive_groups():
     plan = sample_groups("dynamic", score_round, target=3, max_rounds=2)
     assert calls == [0, 1] and plan.cap_hit
     assert plan.chosen == [1, 0, 2] and plan.active.tolist() == [True, False, False]
+
+
+def test_extra_rounds_are_sized_by_the_callback_the_first_is_a_full_batch():
+    sizes = []
+    flags = [[True, False, False, False], [False, True], [True, True]]
+
+    def score_round(index, num_groups):
+        sizes.append(num_groups)
+        informative = torch.tensor(flags[index])
+        return SampledRound(rows=None, rewards=torch.zeros(2 * informative.numel()), informative=informative)
+
+    plan = sample_groups("dynamic", score_round, target=4, max_rounds=5, next_round_groups=lambda rounds: 2)
+    assert sizes == [4, 2, 2] and plan.chosen == [0, 5, 6, 7]
+    assert plan.row_sources(2)[2:4] == [(1, 2), (1, 3)]  # group 5 is the second group of the 2-group round 1
+
+
+@pytest.mark.parametrize(
+    "kept, generated, target, processes, generations, expected",
+    [
+        (6, 8, 8, 1, 4, 3),  # 2 missing at a keep rate of 3/4: ceil(2 * 8 / 6) = 3
+        (3, 8, 8, 1, 4, 8),  # ceil(5 * 8 / 3) = 14, capped at a full batch of 8
+        (6, 8, 8, 2, 4, 3),  # 3 groups = 12 rows: 6 per process
+        (6, 8, 8, 4, 2, 4),  # 3 groups = 6 rows cannot be split over 4 processes: 4 groups (2 rows each)
+        (6, 9, 9, 3, 4, 6),  # ceil(3 * 9 / 6) = 5 groups = 20 rows, not a multiple of 3 processes: 6 groups
+        (0, 8, 8, 2, 4, 8),  # nothing kept yet: no rate to go by, a full batch
+        (8, 8, 8, 1, 4, 0),  # nothing missing
+    ],
+)
+def test_extra_round_size_from_the_keep_rate(kept, generated, target, processes, generations, expected):
+    assert extra_round_groups(kept, generated, target, target, processes, generations) == expected
+
+
+def test_extra_round_size_always_splits_evenly_and_covers_the_expected_need():
+    rng = random.Random(0)
+    for _ in range(2000):
+        processes, generations = rng.randint(1, 8), rng.randint(1, 16)
+        full = processes * rng.randint(1, 8)  # a full batch: whole rows on every process
+        target, generated = full, full + rng.randint(0, 3 * full)
+        kept = rng.randint(0, target)
+        groups = extra_round_groups(kept, generated, target, full, processes, generations)
+        assert 0 <= groups <= full and (groups * generations) % processes == 0
+        if 0 < kept < target:
+            assert groups == full or groups * kept / generated >= target - kept
 
 
 def test_a_new_strategy_is_one_class_and_one_registry_line():

@@ -14,9 +14,10 @@ import pytest
 import torch
 from conftest import Recorder, StopAt, cpu_args, logged_metric, message_text, run_torchrun
 from datasets import Dataset
+from transformers import TrainerCallback
 
 import trl_reasoning as tr
-from trl_reasoning.sampling import GROUP_SELECTIONS, GroupSelection, informative_groups
+from trl_reasoning.sampling import GROUP_SELECTIONS, GroupSelection, extra_round_groups, informative_groups
 from trl_reasoning.trainer import SAMPLING_STATE_FILE
 
 pytestmark = pytest.mark.slow
@@ -423,3 +424,40 @@ def test_group_selection_names_must_be_registered_and_agree_with_the_switches(re
         tr.DAPOConfig(**cpu_args(group_selection=replace_strategy))
     tr.DAPOConfig(**cpu_args(group_selection=replace_strategy, dynamic_sampling=False))
     tr.DAPOConfig(**cpu_args(group_selection="dynamic"))
+
+
+class RoundSizes(TrainerCallback):
+    """Keeps ``last_train_batch.generation_rounds`` of every step."""
+
+    def __init__(self, trainer):
+        self.trainer, self.steps = trainer, []
+        trainer.add_callback(self)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(self.trainer.last_train_batch.generation_rounds)
+
+
+@pytest.mark.parametrize("extra_round_size", ["keep_rate", "full"])
+def test_extra_rounds_generate_what_the_keep_rate_says_is_missing(tiny_model_path, tmp_path, extra_round_size):
+    # A full batch is 4 groups; most prompts are "open" (informative), so a step usually misses one or two groups,
+    # which "keep_rate" generates (sized from the first round's keep rate) where "full" generates 4 groups again.
+    trainer, recorder = _build(
+        tiny_model_path, flagged_prompts(6, 10), flagged_reward, output_dir=str(tmp_path), max_steps=4,
+        per_device_train_batch_size=16, extra_round_size=extra_round_size,
+    )  # fmt: skip
+    sizes = RoundSizes(trainer)
+    trainer.train()
+    assert len(sizes.steps) == 4 and any(len(rounds) > 1 for rounds in sizes.steps)
+    for rounds, batch in zip(sizes.steps, recorder.batches):
+        assert rounds[0][0] == 4 and batch["active"].all()  # the batch is full of informative groups either way
+        for index in range(1, len(rounds)):
+            kept, generated = (sum(r[i] for r in rounds[:index]) for i in (1, 0))
+            expected = 4 if extra_round_size == "full" else extra_round_groups(kept, generated, 4, 4, 1, 4)
+            assert rounds[index][0] == expected
+    generated = logged_metric(trainer, "group_selection/groups_generated")
+    assert generated == [float(sum(r[0] for r in rounds)) for rounds in sizes.steps]
+    per_group = logged_metric(trainer, "group_selection/tokens_per_trained_group")
+    tokens = logged_metric(trainer, "group_selection/generated_tokens")
+    assert len(per_group) == 4 and all(t / 4 == pytest.approx(p) for t, p in zip(tokens, per_group))
+    if extra_round_size == "keep_rate":
+        assert any(rounds[i][0] < 4 for rounds in sizes.steps for i in range(1, len(rounds)))
