@@ -79,9 +79,13 @@ def measure_train(trainer) -> dict:
     return {"peak_mib": (peak - before) / 1024, "step_times": times}
 
 
-def workload_trainer(config_class, trainer_class, overrides: dict, steps: int, vocab: int, length: int):
+def workload_trainer(
+    config_class, trainer_class, overrides: dict, steps: int, vocab: int, length: int, rollout: bool = True
+):
     """``trainer_class`` with ``config_class(common settings | overrides)`` on the shared workload (saved model,
-    deterministic rollout, hash reward, 8 completions per process and step). Runs in a worker process."""
+    deterministic rollout, hash reward, 8 completions per process and step). ``rollout=False`` generates with HF
+    ``generate`` instead (for trainers without ``rollout_func``, such as TRL's ``RLOOTrainer``): the same seed gives
+    both sides of a comparison the same completions."""
     from trl_reasoning.demo.tiny import build_tokenizer, cpu_config_kwargs
 
     cpu_threads()
@@ -105,7 +109,7 @@ def workload_trainer(config_class, trainer_class, overrides: dict, steps: int, v
         args=config_class(**cpu_config_kwargs(), **{**common, **overrides}),
         train_dataset=prompt_dataset(),
         processing_class=tokenizer,
-        rollout_func=make_rollout(tokenizer, length),
+        **({"rollout_func": make_rollout(tokenizer, length)} if rollout else {}),
     )
 
 

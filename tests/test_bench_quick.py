@@ -37,7 +37,7 @@ def test_dppo_topk_sharded_bench_quick():
 
 def test_overhead_bench_quick():
     table = _load("overhead").main(["--quick"])
-    assert "| DAPO | loss_type=dapo" in table
+    assert "| DAPO | GRPOTrainer loss_type=dapo" in table
 
 
 def test_miniature_bench_quick(tmp_path, monkeypatch):
@@ -51,3 +51,16 @@ def test_math_reward_bench_quick():
     pytest.importorskip("math_verify")
     table = _load("math_reward").main(["--quick"])
     assert "| trl-reasoning (fast path + math-verify) | 32/32 |" in table
+
+
+def test_gpu_bench_smoke_and_its_cuda_requirement():
+    """bench/gpu.py has not run on a GPU here; its code runs on a CPU in smoke mode, and without --smoke it needs
+    CUDA."""
+    gpu = _load("gpu")
+    table = gpu.main(["--smoke"])
+    assert "| DAPO | GRPOTrainer loss_type=dapo" in table and "| DPPO topk_tv |" in table
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA device; --smoke runs the same code on a CPU"):
+            gpu.main([])

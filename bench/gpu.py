@@ -1,0 +1,231 @@
+"""The overhead and DPPO top-K benches on a GPU: a randomly initialised ~0.5B-parameter Qwen2 (Qwen2.5-0.5B's shape)
+in bf16, training throughput in tokens/s and model FLOPs utilisation (MFU) next to TRL's counterparts.
+
+Same method as ``bench/overhead.py`` (both sides in one process, interleaved A/B blocks, ratio with a 95% bootstrap
+interval) and ``bench/dppo_topk.py`` (DPPO top-K TV vs binary TV vs DAPO, peak CUDA memory). Completions come from
+the deterministic ``rollout_func`` of ``bench/_common.py``, so the step is the training work alone (the log-prob
+forwards, the loss, backward and the optimizer). Tokens/s counts prompt + completion tokens trained per second; MFU is
+``6 * parameters * tokens`` per second over the device's dense bf16 peak (``--peak-tflops``; H100/H200 SXM: 989),
+the usual approximation that leaves attention's quadratic term out. Usage (needs CUDA):
+
+    python bench/gpu.py [--blocks 6] [--block-steps 3] [--length 512] [--peak-tflops 989]
+    python bench/gpu.py --smoke   # the same code on a CPU with a tiny model: checks the script runs, not a result
+
+This script has not run on a GPU yet: this project has had no GPU (see README, "Not yet here").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import hash_reward, make_rollout, prompt_dataset  # noqa: E402
+from _results import record  # noqa: E402
+from overhead import PAIRS, StepClock, ratio_interval  # noqa: E402
+
+#: Qwen2.5-0.5B's shape (494M parameters with tied embeddings).
+QWEN2_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+)
+SMOKE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1024,
+    tie_word_embeddings=True,
+)
+#: Dense bf16 peak TFLOP/s by device name fragment (vendor data sheets, SXM parts).
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+TOPK_CONFIGS = {
+    "DPPO topk_tv": ("DPPO", {"dppo_divergence": "topk_tv"}),
+    "DPPO binary_tv": ("DPPO", {"dppo_divergence": "binary_tv"}),
+    "DAPO": ("DAPO", {"dynamic_sampling": False, "overlong_cache_length": None}),
+}
+
+
+def saved_model(shape: dict, smoke: bool) -> tuple[str, int]:
+    """The randomly initialised model with the tiny character tokenizer, saved to a temporary folder; its path and
+    parameter count."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from trl_reasoning.demo.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(
+        **shape,
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        dtype="float32" if smoke else "bfloat16",
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).to(torch.float32 if smoke else torch.bfloat16)
+    path = tempfile.mkdtemp(prefix="gpu-bench-model-")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path, sum(p.numel() for p in model.parameters())
+
+
+def build(config_class, trainer_class, overrides: dict, model_path: str, options, steps: int):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    device = {"use_cpu": True, "bf16": False} if options.smoke else {"bf16": True}
+    args = config_class(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=options.batch,
+        num_generations=4,
+        max_completion_length=options.length,
+        max_steps=steps,
+        learning_rate=1e-5,
+        logging_steps=1,
+        seed=0,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        gradient_checkpointing=False,
+        **device,
+        **overrides,
+    )
+    return trainer_class(
+        model=model_path,
+        reward_funcs=hash_reward,
+        args=args,
+        train_dataset=prompt_dataset(),
+        processing_class=tokenizer,
+        rollout_func=make_rollout(tokenizer, options.length),
+    )
+
+
+class SyncedStepClock(StepClock):
+    """``StepClock`` that waits for the GPU before reading the clocks (CUDA work is asynchronous)."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        _synchronize()
+        super().on_step_begin(args, state, control, **kwargs)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        _synchronize()
+        super().on_step_end(args, state, control, **kwargs)
+
+
+def _synchronize() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed_block(classes, overrides, model_path, options) -> tuple[float, float, int]:
+    """Mean seconds per measured step, peak CUDA memory (MiB, 0 on a CPU) and the tokens trained per step."""
+    import torch
+
+    trainer = build(*classes, overrides, model_path, options, options.block_steps + 1)
+    clock = SyncedStepClock()
+    trainer.add_callback(clock)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else 0.0
+    prompt_tokens = max(1, len(trainer.processing_class("q10")["input_ids"]))
+    tokens = options.batch * (prompt_tokens + options.length)
+    return statistics.fmean(clock.wall[1:]), peak, tokens
+
+
+def peak_tflops(options) -> float:
+    import torch
+
+    if options.peak_tflops is not None:
+        return options.peak_tflops
+    if not torch.cuda.is_available():
+        return 1.0  # smoke mode: a nominal peak, the MFU column is then meaningless
+    name = torch.cuda.get_device_name(0)
+    for fragment, value in PEAK_TFLOPS.items():
+        if fragment in name:
+            return value
+    raise SystemExit(f"Unknown peak bf16 TFLOP/s for {name!r}: pass --peak-tflops.")
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=6, help="A/B block pairs per overhead row")
+    parser.add_argument("--block-steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=16, help="completions per step")
+    parser.add_argument("--length", type=int, default=512, help="completion length in tokens")
+    parser.add_argument("--rows", nargs="*", default=list(PAIRS), choices=list(PAIRS))
+    parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak (default: by device name)")
+    parser.add_argument("--smoke", action="store_true", help="tiny model on a CPU: checks the script runs")
+    options = parser.parse_args(argv)
+    import torch
+    import trl
+
+    import trl_reasoning as tr
+
+    if options.smoke:
+        options.blocks, options.block_steps, options.batch, options.length = 1, 1, 8, 8
+        options.rows = options.rows[:1]
+    elif not torch.cuda.is_available():
+        raise SystemExit("bench/gpu.py needs a CUDA device; --smoke runs the same code on a CPU with a tiny model.")
+    model_path, parameters = saved_model(SMOKE if options.smoke else QWEN2_05B, options.smoke)
+    peak = peak_tflops(options) * 1e12
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke)"
+    header = (
+        f"{device}: random Qwen2 ({parameters / 1e6:.0f}M parameters, bf16 unless smoke), {options.batch} completions"
+        f" x {options.length} tokens per step, rollout_func (no generation)."
+    )
+    lines = [
+        header,
+        "",
+        "| trainer | TRL counterpart | tokens/s ours | tokens/s TRL | MFU ours | MFU TRL | time ratio [95% CI] |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in options.rows:
+        ours, our_overrides, theirs, their_overrides, _ = PAIRS[row]
+        sides = {
+            "ours": ((getattr(tr, f"{ours}Config"), getattr(tr, f"{ours}Trainer")), our_overrides),
+            "trl": ((getattr(trl, f"{theirs}Config"), getattr(trl, f"{theirs}Trainer")), their_overrides),
+        }
+        if theirs == "RLOO":  # TRL's RLOOTrainer takes no rollout_func: not a like-for-like training-only row
+            continue
+        times = {"ours": [], "trl": []}
+        tokens = 1
+        for index in range(options.blocks):
+            for side in ("ours", "trl") if index % 2 == 0 else ("trl", "ours"):
+                seconds, _, tokens = timed_block(*sides[side], model_path, options)
+                times[side].append(seconds)
+        ratio = ratio_interval(times["ours"], times["trl"])
+        rate = {side: tokens / statistics.median(values) for side, values in times.items()}
+        mfu = {side: 6 * parameters * rate[side] / peak for side in rate}
+        lines.append(
+            f"| {ours} | {theirs}Trainer {', '.join(f'{k}={v}' for k, v in their_overrides.items())} | "
+            f"{rate['ours']:.0f} | {rate['trl']:.0f} | {mfu['ours']:.1%} | {mfu['trl']:.1%} | "
+            f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] |"
+        )
+    lines += ["", "| DPPO top-K | tokens/s | peak CUDA MiB |", "|---|---|---|"]
+    for name, (preset, overrides) in TOPK_CONFIGS.items():
+        classes = (getattr(tr, f"{preset}Config"), getattr(tr, f"{preset}Trainer"))
+        seconds, memory, tokens = timed_block(classes, overrides, model_path, options)
+        lines.append(f"| {name} | {tokens / seconds:.0f} | {memory:.0f} |")
+    table = "\n".join(lines)
+    print(table)
+    if not options.smoke:
+        record("GPU: overhead and DPPO top-K on a 0.5B Qwen2", table)
+    return table
+
+
+if __name__ == "__main__":
+    main()
