@@ -424,6 +424,8 @@ def test_group_selection_names_must_be_registered_and_agree_with_the_switches(re
         tr.DAPOConfig(**cpu_args(group_selection=replace_strategy))
     tr.DAPOConfig(**cpu_args(group_selection=replace_strategy, dynamic_sampling=False))
     tr.DAPOConfig(**cpu_args(group_selection="dynamic"))
+    with pytest.raises(ValueError, match="Unknown extra_round_size 'half'. Allowed values: keep_rate, full"):
+        tr.DAPOConfig(**cpu_args(extra_round_size="half"))
 
 
 class RoundSizes(TrainerCallback):
