@@ -380,18 +380,17 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
         if mode == "eval":
-            output, rewards, _ = self._score_round(inputs, mode)
-            self._finalize_batch(output, rewards, None, mode, self._local_rows(output["advantages"].shape[0]))
+            scored = self._score_round(inputs, mode)
+            output = scored.rows
+            self._finalize_batch(output, scored.rewards, None, mode, self._local_rows(output["advantages"].shape[0]))
             return output
         local_size = len(inputs)
 
         def score_round(index: int, num_groups: int) -> SampledRound:
             round_inputs = inputs if index == 0 else self._extra_round_inputs(num_groups, template=inputs[0])
-            output, rewards, task_rewards = self._score_round(round_inputs, mode)
-            self._retire_passing_prompts(round_inputs, task_rewards)
-            informative = informative_groups(task_rewards, self.num_generations)
-            tokens = int(self.accelerator.gather(output["completion_mask"].sum()).sum().item())
-            return SampledRound(output, rewards, informative, task_rewards, completion_tokens=tokens)
+            scored = self._score_round(round_inputs, mode)
+            self._retire_passing_prompts(round_inputs, scored.task_rewards)
+            return scored
 
         target = local_size * self.accelerator.num_processes // self.num_generations
         plan = sample_groups(
@@ -407,9 +406,10 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self.last_train_batch = dataclasses.replace(self.last_train_batch, generation_rounds=rounds)
         return output
 
-    def _score_round(self, inputs, mode: str) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    def _score_round(self, inputs, mode: str) -> SampledRound:
         """TRL's generation and scoring of ``inputs`` (local rows), then this trainer's reward shaping. Returns TRL's
-        output and, for the gathered batch, the shaped rewards and the task rewards (before shaping)."""
+        output as ``rows`` and, for the gathered batch, the shaped rewards, the task rewards (before shaping), their
+        informative groups and the completion tokens generated (the gathered completion lengths)."""
         self._scored_batch = None
         if self._engine_topk is not None:
             self._engine_topk = []
@@ -433,7 +433,9 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         )
         if self._uses_topk_divergence:
             output.update(self._rollout_topk(output, mode))
-        return output, rewards, task_rewards
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        informative = informative_groups(task_rewards, group_size)
+        return SampledRound(output, rewards, informative, task_rewards, completion_tokens=int(lengths.sum().item()))
 
     def _check_context_length(self, output) -> None:
         """Prompt + completion must fit the model's context: past it, positions the model never saw make every
