@@ -56,18 +56,24 @@ def _residuals(theta: np.ndarray, log_c: np.ndarray, reward: np.ndarray, r0: flo
     return r0 + (a - r0) / (1.0 + np.exp(exponent)) - reward
 
 
+def _central_jacobian(function, params: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """``d function / d params`` by central differences, one column per parameter (three here: cheap and robust)."""
+    columns = []
+    for j, step in enumerate(steps):
+        up, down = params.copy(), params.copy()
+        up[j] += step
+        down[j] -= step
+        columns.append((function(up) - function(down)) / (2 * step))
+    return np.stack(columns, axis=1)
+
+
 def _levenberg_marquardt(theta, log_c, reward, r0, iterations=500):
     damping = 1e-3
     residual = _residuals(theta, log_c, reward, r0)
     cost = float(residual @ residual)
     for _ in range(iterations):
-        jacobian = np.empty((log_c.size, theta.size))
-        for j in range(theta.size):  # central differences: three parameters, cheap and robust
-            step = 1e-6 * max(1.0, abs(theta[j]))
-            up, down = theta.copy(), theta.copy()
-            up[j] += step
-            down[j] -= step
-            jacobian[:, j] = (_residuals(up, log_c, reward, r0) - _residuals(down, log_c, reward, r0)) / (2 * step)
+        steps = 1e-6 * np.maximum(1.0, np.abs(theta))
+        jacobian = _central_jacobian(lambda t: _residuals(t, log_c, reward, r0), theta, steps)
         normal = jacobian.T @ jacobian
         gradient = jacobian.T @ residual
         improved = False
@@ -111,13 +117,8 @@ def _standard_errors(a: float, b: float, c_mid: float, r0: float, compute, rewar
     if n <= 3:
         return (math.nan,) * 3
     params = np.array([a, b, c_mid])
-    jacobian = np.empty((n, 3))
-    for j in range(3):
-        step = 1e-6 * max(abs(params[j]), 1e-12)
-        up, down = params.copy(), params.copy()
-        up[j] += step
-        down[j] -= step
-        jacobian[:, j] = (_curve(compute, *up, r0) - _curve(compute, *down, r0)) / (2 * step)
+    steps = 1e-6 * np.maximum(np.abs(params), 1e-12)
+    jacobian = _central_jacobian(lambda p: _curve(compute, *p, r0), params, steps)
     try:
         covariance = np.linalg.inv(jacobian.T @ jacobian) * (cost / (n - 3))
     except np.linalg.LinAlgError:
