@@ -100,7 +100,11 @@ def extract_final_answer(text: str) -> str | None:
     hold one plain number: `\\boxed{3, 4}` gives `None`), the text after the last `####` (GSM8K's own marker),
     after the last "answer is"/"answer:", and finally the last number in the text. `None` when there is none.
     """
-    span, boxed = _answer_span(text)
+    return _span_number(*_answer_span(text))
+
+
+def _span_number(span: str | None, boxed: bool) -> str | None:
+    """The normalized number of an answer span: a boxed one must be a plain number, the others give their first."""
     if span is None:
         return None
     return plain_number(span) if boxed else normalize_number(span)
@@ -140,7 +144,7 @@ def grade_answer(text: str, reference: str, use_math_verify: bool | None = None)
         raise ImportError('use_math_verify=True needs math-verify: pip install "trl-reasoning[math]".')
     expected = plain_number(str(reference))
     span, boxed = _answer_span(text)
-    predicted = None if span is None else plain_number(span) if boxed else normalize_number(span)
+    predicted = _span_number(span, boxed)
     if expected is not None and (predicted is not None or not boxed):
         return float(predicted is not None and predicted == expected)
     if use_math_verify:
