@@ -80,19 +80,30 @@ def measure_train(trainer) -> dict:
 
 
 def workload_trainer(
-    config_class, trainer_class, overrides: dict, steps: int, vocab: int, length: int, rollout: bool = True
+    config_class,
+    trainer_class,
+    overrides: dict,
+    steps: int,
+    vocab: int,
+    length: int,
+    rollout: bool = True,
+    model_path: str | None = None,
+    device_kwargs: dict | None = None,
 ):
-    """``trainer_class`` with ``config_class(common settings | overrides)`` on the shared workload (saved model,
-    deterministic rollout, hash reward, 8 completions per process and step). ``rollout=False`` generates with HF
-    ``generate`` instead (for trainers without ``rollout_func``, such as TRL's ``RLOOTrainer``): the same seed gives
-    both sides of a comparison the same completions."""
+    """``trainer_class`` with ``config_class(device settings | common settings | overrides)`` on the shared workload
+    (saved model, deterministic rollout, hash reward, 8 completions per process and step). ``rollout=False`` generates
+    with HF ``generate`` instead (for trainers without ``rollout_func``, such as TRL's ``RLOOTrainer``): the same seed
+    gives both sides of a comparison the same completions. ``model_path``: another saved model (with this workload's
+    tokenizer) instead of the tiny one; ``device_kwargs``: the device settings, ``cpu_config_kwargs()`` by default."""
     from trl_reasoning.demo.tiny import build_tokenizer, cpu_config_kwargs
 
     cpu_threads()
     tokenizer = build_tokenizer()
     # Saved before the config is built: under torchrun the config starts the distributed state, and each rank keeps
     # its own copy of the model folder.
-    model_path = saved_model(tokenizer, vocab)
+    if model_path is None:
+        model_path = saved_model(tokenizer, vocab)
+    device_kwargs = cpu_config_kwargs() if device_kwargs is None else device_kwargs
     common = dict(
         output_dir=tempfile.mkdtemp(),
         per_device_train_batch_size=8,
@@ -106,7 +117,7 @@ def workload_trainer(
     return trainer_class(
         model=model_path,
         reward_funcs=hash_reward,
-        args=config_class(**cpu_config_kwargs(), **{**common, **overrides}),
+        args=config_class(**{**device_kwargs, **common, **overrides}),
         train_dataset=prompt_dataset(),
         processing_class=tokenizer,
         **({"rollout_func": make_rollout(tokenizer, length)} if rollout else {}),

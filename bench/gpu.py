@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import hash_reward, make_rollout, prompt_dataset  # noqa: E402
+from _common import workload_trainer  # noqa: E402
 from _results import record  # noqa: E402
 from overhead import PAIRS, StepClock, ratio_interval  # noqa: E402
 
@@ -81,33 +81,20 @@ def saved_model(shape: dict, smoke: bool) -> tuple[str, int]:
 
 
 def build(config_class, trainer_class, overrides: dict, model_path: str, options, steps: int):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    """The shared workload (``_common.workload_trainer``) on the saved model, on the GPU in bf16 (CPU in smoke mode)."""
     device = {"use_cpu": True, "bf16": False} if options.smoke else {"bf16": True}
-    args = config_class(
-        output_dir=tempfile.mkdtemp(),
-        per_device_train_batch_size=options.batch,
-        num_generations=4,
-        max_completion_length=options.length,
-        max_steps=steps,
-        learning_rate=1e-5,
-        logging_steps=1,
-        seed=0,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        gradient_checkpointing=False,
-        **device,
-        **overrides,
-    )
-    return trainer_class(
-        model=model_path,
-        reward_funcs=hash_reward,
-        args=args,
-        train_dataset=prompt_dataset(),
-        processing_class=tokenizer,
-        rollout_func=make_rollout(tokenizer, options.length),
+    device |= {"report_to": "none", "save_strategy": "no", "disable_tqdm": True, "gradient_checkpointing": False}
+    overrides = {"per_device_train_batch_size": options.batch, "learning_rate": 1e-5, **overrides}
+    vocab = 0  # unused: the model is the saved one at model_path
+    return workload_trainer(
+        config_class,
+        trainer_class,
+        overrides,
+        steps,
+        vocab,
+        options.length,
+        model_path=model_path,
+        device_kwargs=device,
     )
 
 
