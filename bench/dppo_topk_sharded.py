@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import run_torchrun  # noqa: E402
 from _results import record  # noqa: E402
 
 STRATEGIES = ("ddp", "zero3", "fsdp2")
@@ -51,17 +50,11 @@ def worker(strategy: str, paths: list[str], steps: int, vocab: int, length: int,
 
 
 def _torchrun(arguments: list[str]) -> dict:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr"]
-        command += ["127.0.0.1", "--master_port", str(port), os.path.abspath(__file__), "--worker-out", out]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        result = subprocess.run(command + arguments, capture_output=True, text=True, env=env)
+        result = run_torchrun(os.path.abspath(__file__), ["--worker-out", out, *arguments])
         if result.returncode != 0:
-            raise RuntimeError(f"{' '.join(command + arguments)} failed:\n{result.stderr[-4000:]}")
+            raise RuntimeError(f"{os.path.basename(__file__)} {' '.join(arguments)} failed:\n{result.stderr[-4000:]}")
         with open(out) as f:
             return json.load(f)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,9 @@ from transformers import TrainerCallback  # noqa: E402
 import trl_reasoning as tr  # noqa: E402
 from trl_reasoning.demo.task import digit_reward  # noqa: E402
 from trl_reasoning.demo.tiny import cpu_config_kwargs, save_tiny_model  # noqa: E402
+
+sys.path.append(str(Path(__file__).parents[1] / "bench"))
+from _common import run_torchrun as launch_two_processes  # noqa: E402
 
 #: Set by pytest-xdist in its workers ("gw0", "gw1", ...); None in a plain pytest run.
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
@@ -48,17 +50,11 @@ def cpu_args(**overrides) -> dict:
 
 
 def run_torchrun(worker: Path, *arguments: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run ``worker arguments...`` under ``torchrun`` with two gloo processes on a free local port (so runs in parallel
-    test workers never collide), offline and one thread per process; fails the test with both outputs' tails when it
-    exits non-zero. ``tests/`` is on the workers' path (they import ``conftest``)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    command += ["--master_port", str(port), str(worker), *arguments]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    """Run ``worker arguments...`` under ``torchrun`` with two gloo processes (``bench/_common.run_torchrun``: a free
+    local port, offline, one thread per process); fails the test with both outputs' tails when it exits non-zero.
+    ``tests/`` is on the workers' path (they import ``conftest``)."""
+    pythonpath = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    result = launch_two_processes(str(worker), list(arguments), env={"PYTHONPATH": pythonpath}, timeout=timeout)
     assert result.returncode == 0, (
         f"{worker.name} {' '.join(arguments)} failed:\n{result.stdout[-3000:]}\n" + (result.stderr[-6000:])
     )
