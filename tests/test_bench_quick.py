@@ -47,6 +47,15 @@ def test_miniature_bench_quick(tmp_path, monkeypatch):
     assert "| TRL GRPO |" in text and "| ScaleRL |" in text and "| claim | reproduces here? |" in text
 
 
+def test_testbed_bench_quick(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRL_REASONING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    text = _load("testbed").main(["--quick"])
+    for method in ("TRL GRPO", "TRL GRPO (loss_type=grpo)", "TRL RLOOTrainer", "DAPO", "CISPO", "DPPO", "MaxRL"):
+        assert f"| {method} |" in text
+    assert "| RLOO preset = TRL's RLOOTrainer" in text and "**stale**" in text
+
+
 def test_math_reward_bench_quick():
     pytest.importorskip("math_verify")
     table = _load("math_reward").main(["--quick"])

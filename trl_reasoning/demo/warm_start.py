@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .task import ReversalTask
+from .testbed import ChainSumTask
 
 #: Bumped when the warm start's recipe changes in a way the settings below do not capture.
 WARM_START_FORMAT = 1
@@ -55,7 +56,7 @@ class WarmStartSettings:
     seed: int = 0
 
 
-def cache_key(task: ReversalTask, settings: WarmStartSettings) -> str:
+def cache_key(task: ReversalTask | ChainSumTask, settings: WarmStartSettings) -> str:
     """A short hash of the task, the settings and the library versions."""
     import torch
     import transformers
@@ -71,7 +72,7 @@ def cache_key(task: ReversalTask, settings: WarmStartSettings) -> str:
 
 
 def warm_start(
-    task: ReversalTask,
+    task: ReversalTask | ChainSumTask,
     settings: WarmStartSettings | None = None,
     cache_dir: str | Path | None = None,
     use_cache: bool = True,
@@ -80,7 +81,7 @@ def warm_start(
     Return the folder of the warm-started tiny model for `task`, training it with `SFTTrainer` unless cached.
 
     Args:
-        task ([`ReversalTask`]):
+        task ([`ReversalTask`] or [`ChainSumTask`]):
             The problems; the warm start imitates the task's sloppy teacher on the training split.
         settings ([`WarmStartSettings`], *optional*):
             Model shape and SFT settings; defaults to `WarmStartSettings()`.
