@@ -19,7 +19,7 @@ verdict says whether the interval excludes zero, and in which direction. Claims 
 such. Writes ``bench/testbed.png``, the raw runs in ``bench/testbed_runs.json`` and the tables in
 ``bench/RESULTS.md``.
 
-    python bench/testbed.py [--seeds 5] [--budget 40000] [--jobs 2] [--from-json bench/testbed_runs.json] [--quick]
+    python bench/testbed.py [--seeds 5] [--budget 30000] [--jobs 2] [--from-json bench/testbed_runs.json] [--quick]
 """
 
 from __future__ import annotations
@@ -203,7 +203,10 @@ def run_one(job: dict) -> dict:
     seconds = time.perf_counter() - started
     final = final_evaluation(trainer.model, tokenizer, test_rows, args.max_completion_length, job["samples"])
     history = trainer.state.log_history
+    rewards = [e["reward"] for e in history if "reward" in e]
     return {
+        "train_reward_first": statistics.mean(rewards[:5]) if rewards else float("nan"),
+        "train_reward_last": statistics.mean(rewards[-5:]) if rewards else float("nan"),
         "method": job["method"],
         "regime": job["regime"],
         "seed": job["seed"],
@@ -444,9 +447,9 @@ def summarize(results: list[dict], warm: dict, options) -> str:
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--budget", type=int, default=40_000, help="generated completion tokens per run")
+    parser.add_argument("--budget", type=int, default=30_000, help="generated completion tokens per run")
     parser.add_argument("--batch-size", type=int, default=64, help="completions per optimizer step")
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--eval-every", type=int, default=10, help="steps between held-out greedy evaluations")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     parser.add_argument("--methods", help="comma-separated subset of the methods")

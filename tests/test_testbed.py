@@ -47,7 +47,14 @@ def test_the_teacher_skips_and_slips_at_its_rates():
 
 
 def test_the_reward_reads_only_the_number_after_the_last_equals_sign():
-    completions = ["8 16 18=18", "=18", "8 16 19=19", "18", "=18 and more", [{"role": "assistant", "content": " =18 "}]]
+    completions = [
+        "8 16 18=18",
+        "=18",
+        "8 16 19=19",
+        "18",
+        "=18 and more",
+        [{"role": "assistant", "content": " =18 "}],
+    ]
     assert chain_sum_reward(completions, ["18"] * 6) == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
     assert chain_sum_answer("1 2=3=4") == "4" and chain_sum_answer("no answer") is None
 

@@ -57,8 +57,8 @@ class ChainSumTask:
     max_terms: int = 8
     num_train: int = 4000
     num_test_per_length: int = 40
-    skip_rate: float = 0.4
-    slip_rate: float = 0.12
+    skip_rate: float = 0.5
+    slip_rate: float = 0.04
     seed: int = 0
 
     def __post_init__(self):
