@@ -43,9 +43,9 @@ class ChainSumTask:
             Number of training problems (drawn with replacement among the chains not held out).
         num_test_per_length (`int`, *optional*, defaults to `40`):
             Held-out problems per chain length (distinct, never in the training split).
-        skip_rate (`float`, *optional*, defaults to `0.4`):
+        skip_rate (`float`, *optional*, defaults to `0.5`):
             Fraction of warm-start demonstrations that answer without a scratchpad.
-        slip_rate (`float`, *optional*, defaults to `0.12`):
+        slip_rate (`float`, *optional*, defaults to `0.04`):
             Probability that the teacher slips on each partial sum of a scratchpad (off by 1 or 2, carried on to a
             wrong answer), so long chains are demonstrated wrongly more often: a chain of ``n`` terms is worked
             without a slip with probability ``(1 - slip_rate) ** (n - 1)``.
