@@ -452,6 +452,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--eval-every", type=int, default=10, help="steps between held-out greedy evaluations")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
+    parser.add_argument("--test-per-length", type=int, default=40, help="held-out prompts per chain length")
     parser.add_argument("--methods", help="comma-separated subset of the methods")
     parser.add_argument("--from-json", help="summarize runs saved by an earlier invocation instead of training")
     parser.add_argument("--quick", action="store_true", help="1 seed, a tiny budget and warm start: checks it runs")
@@ -486,7 +487,8 @@ def main(argv: list[str] | None = None) -> str:
         options.seeds, options.budget, options.batch_size, options.eval_every, options.jobs = 1, 200, 16, 1, 0
         samples, max_completion_length = 4, 16
     else:
-        task, settings, samples, max_completion_length = ChainSumTask(), WarmStartSettings(max_steps=600), MAX_K, 32
+        task = ChainSumTask(num_test_per_length=options.test_per_length)
+        settings, samples, max_completion_length = WarmStartSettings(max_steps=600), MAX_K, 32
     model_dir, _ = warm_start(task, settings)
     tokenizer = load_tokenizer(model_dir)
     test_rows = task.rl_rows("test")
