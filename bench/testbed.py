@@ -214,9 +214,6 @@ def run_one(job: dict) -> dict:
         "generated_tokens": meter.tokens,
         "points": points,
         "seconds": seconds,
-        "clip_ratio": statistics.mean(
-            [e[k] for e in history for k in e if k.startswith("clip_ratio/region_mean") or k == "clip_ratio"] or [0.0]
-        ),
         **final,
     }
 

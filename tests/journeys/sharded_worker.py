@@ -32,6 +32,7 @@ from trl_reasoning.demo.tiny import cpu_config_kwargs  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 from _sharding import reset_strategy_state, strategy_kwargs  # noqa: E402
+from two_process_worker import TWO_PROCESS_RUN  # noqa: E402
 from two_process_worker import fixed_or_open_reward as reward  # noqa: E402  ("fixed …" scores 1, "open …" varies)
 
 MAX_STEPS = 3
@@ -69,12 +70,7 @@ def run(strategy: str, preset: str, model_path: str, out_dir: str, environment: 
             **strategy_kwargs(strategy),
             output_dir=os.path.join(out_dir, strategy, preset),
             max_steps=MAX_STEPS,
-            per_device_train_batch_size=4,
-            num_generations=4,
-            max_completion_length=8,
-            learning_rate=1e-2,
-            logging_steps=1,
-            seed=0,
+            **TWO_PROCESS_RUN,
             **options,
         )
         return trainer_cls(model=model_path, reward_funcs=reward, args=args, train_dataset=dataset)

@@ -29,6 +29,16 @@ PRESETS = {
 }
 MAX_STEPS = 5
 SAVE_STEPS = 2
+#: The run settings both two-process workers share (this one and ``sharded_worker.py``): 4 completions per rank and
+#: step in one group of 4, short completions, a learning rate that moves the tiny model visibly.
+TWO_PROCESS_RUN = dict(
+    per_device_train_batch_size=4,
+    num_generations=4,
+    max_completion_length=8,
+    learning_rate=1e-2,
+    logging_steps=1,
+    seed=0,
+)
 # 6 prompts, 2 groups a step over both ranks: an epoch is 3 steps, checkpoint-4 is in the middle of the second.
 TEXTS = ["fixed 0", "open 0", "fixed 1", "open 1", "open 2", "fixed 2"]
 #: The prompts of every reward call of the current run on this rank (one call per generation round).
@@ -59,12 +69,7 @@ def run(name: str, model_path: str, out_dir: str, mode: str) -> None:
         output_dir=output_dir,
         save_steps=SAVE_STEPS,
         max_steps=MAX_STEPS,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=8,
-        learning_rate=1e-2,
-        logging_steps=1,
-        seed=0,
+        **TWO_PROCESS_RUN,
         **options,
     )
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t}]} for t in TEXTS])
