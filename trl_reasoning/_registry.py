@@ -22,6 +22,9 @@ class Registry(Generic[F]):
         self.kind = kind
         self._functions: dict[str, F] = {}
         self._traits: dict[str, dict[str, Any]] = {}
+        # name -> the keyword names its function takes (None: it takes **kwargs). Filled at registration: the
+        # trainer asks on every step, and inspect.signature costs tens of microseconds a call.
+        self._parameters: dict[str, frozenset[str] | None] = {}
 
     def register(self, name: str, **traits: Any) -> Callable[[F], F]:
         """Decorator that registers ``fn`` under ``name`` with optional ``traits``; a name can be registered once."""
@@ -29,8 +32,11 @@ class Registry(Generic[F]):
         def decorator(fn: F) -> F:
             if name in self._functions:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
+            parameters = inspect.signature(fn).parameters.values()
+            takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
             self._functions[name] = fn
             self._traits[name] = dict(traits)
+            self._parameters[name] = None if takes_any else frozenset(p.name for p in parameters)
             return fn
 
         return decorator
@@ -38,7 +44,7 @@ class Registry(Generic[F]):
     def unregister(self, name: str) -> None:
         """Remove ``name`` (a variant registered for a test or an experiment); an unknown name raises."""
         self.get(name)
-        del self._functions[name], self._traits[name]
+        del self._functions[name], self._traits[name], self._parameters[name]
 
     def trait(self, name: str, key: str, default: Any = None) -> Any:
         """The trait ``key`` that ``name`` was registered with (``default`` when it has none)."""
@@ -48,8 +54,9 @@ class Registry(Generic[F]):
     def kwargs_for(self, name: str, available: Mapping[str, Any]) -> dict[str, Any]:
         """The entries of ``available`` that the function ``name`` takes as parameters (all of them when it takes
         ``**kwargs``): callers offer everything they have and never branch on the name."""
-        parameters = inspect.signature(self.get(name)).parameters
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        self.get(name)  # an unknown name raises with the allowed values
+        parameters = self._parameters[name]
+        if parameters is None:
             return dict(available)
         return {key: value for key, value in available.items() if key in parameters}
 

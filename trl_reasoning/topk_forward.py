@@ -55,7 +55,9 @@ FORWARD_KEYS = (
 
 
 class TopKForwardMixin:
-    """The rollout top-K and the loss-time top-K forward of DPPO's ``topk_tv`` / ``topk_kl`` divergences."""
+    """The rollout top-K and the loss-time top-K forward of DPPO's ``topk_tv`` / ``topk_kl`` divergences.
+
+    Mixed into ``ReasoningTrainer``, whose ``accelerator``, ``args`` and ``_bare_model`` (the unwrapped model) it uses."""
 
     # Per-instance once assigned: the engine's top-K per generate call (None: not capturing), and whether the LM head
     # can still be applied to the final hidden states (set False on the first failure).
@@ -81,8 +83,8 @@ class TopKForwardMixin:
                 **kwargs,
             )
         hidden = out.hidden_states[-1]
-        head_module = self.accelerator.unwrap_model(model).get_output_embeddings()
-        text_config = self.accelerator.unwrap_model(model).config.get_text_config()
+        head_module = self._bare_model(model).get_output_embeddings()
+        text_config = self._bare_model(model).config.get_text_config()
         head = None
         weight = getattr(head_module, "weight", None)
         # Only an unsharded head is applied here; a sharded one (ZeRO-3, FSDP) runs inside the forward instead
@@ -123,7 +125,7 @@ class TopKForwardMixin:
         """The LM head module when its weight is sharded outside the forward (a ZeRO-3 partition, an FSDP unit or
         DTensor) and the model's logits are the plain ``hidden @ W^T + b`` (no logit scale or soft-capping, which models apply
         after the head); else ``None``."""
-        unwrapped = self.accelerator.unwrap_model(model)
+        unwrapped = self._bare_model(model)
         module = unwrapped.get_output_embeddings()
         weight = getattr(module, "weight", None)
         if not isinstance(module, torch.nn.Linear) or weight is None:
@@ -169,7 +171,7 @@ class TopKForwardMixin:
 
     @property
     def _topk_size(self) -> int:
-        vocab = self.accelerator.unwrap_model(self.model).config.get_text_config().vocab_size
+        vocab = self._bare_model().config.get_text_config().vocab_size
         return min(self.args.dppo_topk, vocab)
 
     def _keep_engine_topk(self) -> None:

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -440,8 +441,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _check_context_length(self, output) -> None:
         """Prompt + completion must fit the model's context: past it, positions the model never saw make every
         log-probability meaningless (TRL 1.16 only lets transformers warn)."""
-        config = self.accelerator.unwrap_model(self.model).config
-        limit = getattr(config.get_text_config(), "max_position_embeddings", None)
+        limit = getattr(self._bare_model().config.get_text_config(), "max_position_embeddings", None)
         longest_prompt = int(output["prompt_mask"].sum(dim=1).max().item()) if output["prompt_mask"].numel() else 0
         if limit is not None and longest_prompt + self.max_completion_length > limit:
             raise ValueError(
@@ -449,6 +449,15 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
                 f"the model's context (max_position_embeddings={limit}). Filter or truncate long prompts in the "
                 "dataset, or lower max_completion_length."
             )
+
+    def _bare_model(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
+        """``accelerator.unwrap_model(model)`` (the trained model by default), kept per wrapper: accelerate reads
+        installed packages' metadata on every unwrap (about 1 ms), and the per-step checks need only the bare model."""
+        model = self.model if model is None else model
+        cache = self.__dict__.setdefault("_bare_models", weakref.WeakKeyDictionary())
+        if model not in cache:
+            cache[model] = self.accelerator.unwrap_model(model)
+        return cache[model]
 
     def _local_rows(self, local_size: int) -> slice:
         start = self.accelerator.process_index * local_size
