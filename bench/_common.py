@@ -131,18 +131,24 @@ def train_on_workload(config_class, trainer_class, overrides: dict, steps: int, 
     return measure_train(workload_trainer(config_class, trainer_class, overrides, steps, vocab, length))
 
 
-def run_worker(script: str, arguments: list[str], in_process: Callable[[list[str]], object] | None = None) -> dict:
+def run_worker(
+    script: str,
+    arguments: list[str],
+    in_process: Callable[[list[str]], object] | None = None,
+    env: dict[str, str] | None = None,
+) -> dict:
     """Run ``script --worker-out OUT ...`` in a fresh process (clean memory accounting) and return its JSON result.
 
     ``in_process``: the script's ``main``, called here instead of starting a process. Quick modes use it (they check
-    that a script runs, not its numbers): a process start costs ~10 s of imports on a 2-core machine."""
+    that a script runs, not its numbers): a process start costs ~10 s of imports on a 2-core machine. ``env``: the
+    process's environment (this one's by default)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         if in_process is not None:
             in_process(["--worker-out", out, *arguments])
         else:
             command = [sys.executable, script, "--worker-out", out, *arguments]
-            result = subprocess.run(command, capture_output=True, text=True)
+            result = subprocess.run(command, capture_output=True, text=True, env=env)
             if result.returncode != 0:
                 raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
         with open(out) as f:

@@ -6,6 +6,7 @@ import datetime
 import os
 import platform
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def record(section: str, table: str, command: str | None = None, path: Path = RE
     """Replace (or append) the ``## section`` of ``path`` with ``table`` and the command that produced it (by
     default this process's command line)."""
     if command is None:
-        command = " ".join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+        command = shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = f"## {section}\n\n`{command}` — {stamp} — {machine()}\n\n{table.strip()}\n"
     text = path.read_text() if path.exists() else "# Benchmark results\n\nWritten by the scripts in `bench/`.\n"

@@ -1,14 +1,14 @@
 """The overhead and DPPO top-K benches on a GPU: a randomly initialised ~0.5B-parameter Qwen2 (Qwen2.5-0.5B's shape)
 in bf16, training throughput in tokens/s and model FLOPs utilisation (MFU) next to TRL's counterparts.
 
-Same method as ``bench/overhead.py`` (both sides in one process, interleaved A/B blocks, ratio with a 95% bootstrap
-interval) and ``bench/dppo_topk.py`` (DPPO top-K TV vs binary TV vs DAPO, peak CUDA memory). Completions come from
+Same method as ``bench/overhead.py`` (both sides in one process, training in strict turns of one step, the ratio of
+paired steps with a 95% two-stage bootstrap interval; the clocks wait for the GPU) and ``bench/dppo_topk.py`` (DPPO top-K TV vs binary TV vs DAPO, peak CUDA memory). Completions come from
 the deterministic ``rollout_func`` of ``bench/_common.py``, so the step is the training work alone (the log-prob
 forwards, the loss, backward and the optimizer). Tokens/s counts prompt + completion tokens trained per second; MFU is
 ``6 * parameters * tokens`` per second over the device's dense bf16 peak (``--peak-tflops``; H100/H200 SXM: 989),
 the usual approximation that leaves attention's quadratic term out. Usage (needs CUDA):
 
-    python bench/gpu.py [--blocks 6] [--block-steps 3] [--length 512] [--peak-tflops 989]
+    python bench/gpu.py [--sessions 3] [--steps 20] [--length 512] [--peak-tflops 989]
     python bench/gpu.py --smoke   # the same code on a CPU with a tiny model: checks the script runs, not a result
 
 This script has not run on a GPU yet: this project has had no GPU (see README, "Not yet here").
@@ -21,11 +21,13 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import workload_trainer  # noqa: E402
 from _results import record  # noqa: E402
-from overhead import PAIRS, StepClock, ratio_interval  # noqa: E402
+from overhead import PAIRS, interleaved_session, paired_logs, ratio_interval  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
 
 #: Qwen2.5-0.5B's shape (494M parameters with tied embeddings).
 QWEN2_05B = dict(
@@ -98,16 +100,19 @@ def build(config_class, trainer_class, overrides: dict, model_path: str, options
     )
 
 
-class SyncedStepClock(StepClock):
-    """``StepClock`` that waits for the GPU before reading the clocks (CUDA work is asynchronous)."""
+class SyncedStepClock(TrainerCallback):
+    """Each optimizer step's wall time, read after waiting for the GPU (CUDA work is asynchronous)."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
 
     def on_step_begin(self, args, state, control, **kwargs):
         _synchronize()
-        super().on_step_begin(args, state, control, **kwargs)
+        self._start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         _synchronize()
-        super().on_step_end(args, state, control, **kwargs)
+        self.wall.append(time.perf_counter() - self._start)
 
 
 def _synchronize() -> None:
@@ -117,20 +122,43 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def timed_block(classes, overrides, model_path, options) -> tuple[float, float, int]:
-    """Mean seconds per measured step, peak CUDA memory (MiB, 0 on a CPU) and the tokens trained per step."""
+def tokens_per_step(trainer, options) -> int:
+    """Prompt + completion tokens trained per step (the workload's prompts are ``q0`` ... ``q63``)."""
+    prompt_tokens = max(1, len(trainer.processing_class("q10")["input_ids"]))
+    return options.batch * (prompt_tokens + options.length)
+
+
+def timed_run(classes, overrides, model_path, options) -> tuple[float, float, int]:
+    """One trainer alone: median seconds per measured step, peak CUDA memory (MiB, 0 on a CPU) and the tokens trained
+    per step."""
     import torch
 
-    trainer = build(*classes, overrides, model_path, options, options.block_steps + 1)
+    trainer = build(*classes, overrides, model_path, options, options.warmup + options.steps)
     clock = SyncedStepClock()
     trainer.add_callback(clock)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
     peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else 0.0
-    prompt_tokens = max(1, len(trainer.processing_class("q10")["input_ids"]))
-    tokens = options.batch * (prompt_tokens + options.length)
-    return statistics.fmean(clock.wall[1:]), peak, tokens
+    return statistics.median(clock.wall[options.warmup :]), peak, tokens_per_step(trainer, options)
+
+
+def interleaved_times(sides: dict, model_path: str, options) -> tuple[dict[str, list[list[float]]], int]:
+    """Per side, the measured steps' wall seconds of each session (both sides training in turns on the GPU), and the
+    tokens trained per step."""
+    times: dict[str, list[list[float]]] = {"ours": [], "trl": []}
+    trainers = {}
+
+    def make(side: str):
+        classes, overrides = sides[side]
+        trainers[side] = build(*classes, overrides, model_path, options, options.warmup + options.steps)
+        return trainers[side]
+
+    for session in range(options.sessions):
+        clocks = interleaved_session(make, first="ours" if session % 2 == 0 else "trl", synchronize=_synchronize)
+        for side, clock in clocks.items():
+            times[side].append(clock.wall[options.warmup :])
+    return times, tokens_per_step(trainers["ours"], options)
 
 
 def peak_tflops(options) -> float:
@@ -149,8 +177,9 @@ def peak_tflops(options) -> float:
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=6, help="A/B block pairs per overhead row")
-    parser.add_argument("--block-steps", type=int, default=3)
+    parser.add_argument("--sessions", type=int, default=3, help="fresh trainer pairs per overhead row")
+    parser.add_argument("--steps", type=int, default=20, help="measured steps per side and session")
+    parser.add_argument("--warmup", type=int, default=2, help="first steps of each session left out")
     parser.add_argument("--batch", type=int, default=16, help="completions per step")
     parser.add_argument("--length", type=int, default=512, help="completion length in tokens")
     parser.add_argument("--rows", nargs="*", default=list(PAIRS), choices=list(PAIRS))
@@ -163,7 +192,7 @@ def main(argv: list[str] | None = None) -> str:
     import trl_reasoning as tr
 
     if options.smoke:
-        options.blocks, options.block_steps, options.batch, options.length = 1, 1, 8, 8
+        options.sessions, options.steps, options.warmup, options.batch, options.length = 1, 2, 1, 8, 8
         options.rows = options.rows[:1]
     elif not torch.cuda.is_available():
         raise SystemExit("bench/gpu.py needs a CUDA device; --smoke runs the same code on a CPU with a tiny model.")
@@ -188,14 +217,9 @@ def main(argv: list[str] | None = None) -> str:
         }
         if theirs == "RLOO":  # TRL's RLOOTrainer takes no rollout_func: not a like-for-like training-only row
             continue
-        times = {"ours": [], "trl": []}
-        tokens = 1
-        for index in range(options.blocks):
-            for side in ("ours", "trl") if index % 2 == 0 else ("trl", "ours"):
-                seconds, _, tokens = timed_block(*sides[side], model_path, options)
-                times[side].append(seconds)
-        ratio = ratio_interval(times["ours"], times["trl"])
-        rate = {side: tokens / statistics.median(values) for side, values in times.items()}
+        times, tokens = interleaved_times(sides, model_path, options)
+        ratio = ratio_interval(paired_logs(times["ours"], times["trl"]))
+        rate = {side: tokens / statistics.median(t for session in times[side] for t in session) for side in times}
         mfu = {side: 6 * parameters * rate[side] / peak for side in rate}
         lines.append(
             f"| {ours} | {theirs}Trainer {', '.join(f'{k}={v}' for k, v in their_overrides.items())} | "
@@ -205,7 +229,7 @@ def main(argv: list[str] | None = None) -> str:
     lines += ["", "| DPPO top-K | tokens/s | peak CUDA MiB |", "|---|---|---|"]
     for name, (preset, overrides) in TOPK_CONFIGS.items():
         classes = (getattr(tr, f"{preset}Config"), getattr(tr, f"{preset}Trainer"))
-        seconds, memory, tokens = timed_block(classes, overrides, model_path, options)
+        seconds, memory, tokens = timed_run(classes, overrides, model_path, options)
         lines.append(f"| {name} | {tokens / seconds:.0f} | {memory:.0f} |")
     table = "\n".join(lines)
     print(table)

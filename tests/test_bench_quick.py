@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import math
+import random
+import threading
 from pathlib import Path
 
 import pytest
+from transformers import TrainerCallback
 
 BENCH = Path(__file__).parents[1] / "bench"
 
@@ -38,6 +42,78 @@ def test_dppo_topk_sharded_bench_quick():
 def test_overhead_bench_quick():
     table = _load("overhead").main(["--quick"])
     assert "| DAPO | GRPOTrainer loss_type=dapo" in table
+
+
+class _StepOrder(TrainerCallback):
+    """Appends ``(side, step)`` to a shared list at each optimizer step's end; raises at step ``fail_at``."""
+
+    def __init__(self, side: str, order: list, fail_at: int | None = None) -> None:
+        self.side, self.order, self.fail_at = side, order, fail_at
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.order.append((self.side, state.global_step))
+        if state.global_step == self.fail_at:
+            raise RuntimeError(f"{self.side} fails at step {state.global_step}")
+
+
+def _session_in_thread(overhead, build, first: str) -> dict:
+    """``interleaved_session`` in a daemon thread: a deadlock fails the test after 300 s instead of hanging CI."""
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["clocks"] = overhead.interleaved_session(build, first=first)
+        except BaseException as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=300)
+    assert not thread.is_alive(), "interleaved_session did not finish: the two sides wait on each other"
+    return outcome
+
+
+def test_overhead_sides_train_in_strict_turns():
+    overhead = _load("overhead")
+    order: list = []
+
+    def build(side):
+        trainer = overhead.trainer_for("DAPO", side, 3, 512, 16)
+        trainer.add_callback(_StepOrder(side, order))
+        return trainer
+
+    outcome = _session_in_thread(overhead, build, first="trl")
+    assert order == [("trl", 1), ("ours", 1), ("trl", 2), ("ours", 2), ("trl", 3), ("ours", 3)]
+    for clock in outcome["clocks"].values():
+        assert len(clock.wall) == len(clock.cpu) == 3 and all(t > 0 for t in clock.wall)
+
+
+def test_overhead_session_reports_a_failing_side_and_lets_the_other_finish():
+    overhead = _load("overhead")
+    order: list = []
+
+    def build(side):
+        trainer = overhead.trainer_for("DAPO", side, 3, 512, 16)
+        trainer.add_callback(_StepOrder(side, order, fail_at=1 if side == "ours" else None))
+        return trainer
+
+    outcome = _session_in_thread(overhead, build, first="ours")
+    assert isinstance(outcome["error"], RuntimeError) and "'ours' trainer failed" in str(outcome["error"])
+    assert str(outcome["error"].__cause__) == "ours fails at step 1"
+    assert order == [("ours", 1), ("trl", 1), ("trl", 2), ("trl", 3)]
+
+
+def test_overhead_ratio_interval():
+    overhead = _load("overhead")
+    exact = overhead.ratio_interval([[math.log(1.05)] * 8] * 3, resamples=500)
+    assert exact == pytest.approx((1.05, 1.05, 1.05))
+    rng = random.Random(1)
+    noisy = [[math.log(1.02) + rng.gauss(0, 0.02) for _ in range(40)] for _ in range(4)]
+    point, low, high = overhead.ratio_interval(noisy, resamples=2000)
+    assert low < point < high and low < 1.02 < high and high - low < 0.03
+    spread = [[value + shift for value in session] for session, shift in zip(noisy, (-0.05, 0.05, -0.05, 0.05))]
+    _, spread_low, spread_high = overhead.ratio_interval(spread, resamples=2000)
+    assert spread_high - spread_low > high - low, "a difference between sessions must widen the interval"
 
 
 def test_miniature_bench_quick(tmp_path, monkeypatch):
