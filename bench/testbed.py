@@ -88,22 +88,47 @@ class TokenMeter:
         return chain_sum_reward(completions, answer)
 
 
+def _evaluation_chunks(tokenizer, rows: list[dict], size: int = 32):
+    """``(rows, prompt texts, answers)`` of consecutive chunks of ``rows``, for batched generation."""
+    from trl_reasoning.callbacks import _prompt_texts
+
+    for start in range(0, len(rows), size):
+        chunk = rows[start : start + size]
+        yield chunk, _prompt_texts(tokenizer, [r["prompt"] for r in chunk]), [r["answer"] for r in chunk]
+
+
+def _generation(tokenizer, max_new_tokens: int) -> dict:
+    return {"max_new_tokens": max_new_tokens, "temperature": 1.0, "top_k": 0, "pad_token_id": tokenizer.pad_token_id}
+
+
+def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int) -> float:
+    """Held-out greedy accuracy alone (the learning curve's points): no sampling, so no random numbers drawn."""
+    from trl_reasoning.callbacks import _sample
+    from trl_reasoning.demo.testbed import chain_sum_reward
+
+    was_training = model.training
+    model.eval()
+    greedy: list[float] = []
+    for _, texts, answers in _evaluation_chunks(tokenizer, rows):
+        greedy += chain_sum_reward(
+            _sample(model, tokenizer, texts, 1, True, _generation(tokenizer, max_new_tokens))["texts"], answers
+        )
+    model.train(was_training)
+    return statistics.mean(greedy)
+
+
 def final_evaluation(model, tokenizer, rows: list[dict], max_new_tokens: int, samples: int) -> dict:
     """Greedy accuracy, then ``samples`` sampled completions per prompt: pass@k for k = 1..samples overall, pass@1
     and pass@samples per chain length, mean length of correct and incorrect completions, scratchpad use."""
-    from trl_reasoning.callbacks import _prompt_texts, _sample
+    from trl_reasoning.callbacks import _sample
     from trl_reasoning.demo.testbed import chain_sum_reward
     from trl_reasoning.evaluation import mean_pass_at_k
 
-    generation = {"max_new_tokens": max_new_tokens, "temperature": 1.0, "top_k": 0}
-    generation["pad_token_id"] = tokenizer.pad_token_id
+    generation = _generation(tokenizer, max_new_tokens)
     was_training = model.training
     model.eval()
     correct_counts, correct_lengths, incorrect_lengths, scratchpads, greedy = [], [], [], [], []
-    for start in range(0, len(rows), 32):
-        chunk = rows[start : start + 32]
-        texts = _prompt_texts(tokenizer, [r["prompt"] for r in chunk])
-        answers = [r["answer"] for r in chunk]
+    for chunk, texts, answers in _evaluation_chunks(tokenizer, rows):
         greedy += chain_sum_reward(_sample(model, tokenizer, texts, 1, True, generation)["texts"], answers)
         sampled = _sample(model, tokenizer, texts, samples, False, generation)
         rewards = chain_sum_reward(sampled["texts"], [a for a in answers for _ in range(samples)])
@@ -186,18 +211,18 @@ def run_one(job: dict) -> dict:
     trainer.remove_callback(transformers.PrinterCallback)
     points: list[tuple[int, int, float]] = []
 
-    def greedy_accuracy() -> float:
-        return final_evaluation(trainer.model, tokenizer, curve_rows, args.max_completion_length, 1)["greedy_accuracy"]
+    def curve_point() -> float:
+        return greedy_accuracy(trainer.model, tokenizer, curve_rows, args.max_completion_length)
 
     class Budget(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if meter.tokens >= job["budget"]:
                 control.should_training_stop = True
             if control.should_training_stop or state.global_step % job["eval_every"] == 0:
-                points.append((state.global_step, meter.tokens, greedy_accuracy()))
+                points.append((state.global_step, meter.tokens, curve_point()))
 
     trainer.add_callback(Budget())
-    points.append((0, 0, greedy_accuracy()))
+    points.append((0, 0, curve_point()))
     started = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - started
@@ -380,6 +405,9 @@ def plot(results: list[dict], warm: dict, path: Path) -> None:
         print("matplotlib is not installed: no plot", file=sys.stderr)
         return
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    # One color per method in every panel (matplotlib's cycle restarts per axis and has 10 colors for 11 methods).
+    palette = plt.get_cmap("tab20")
+    colors = {method: palette((2 * index) % 20 + (2 * index) // 20) for index, method in enumerate(METHODS)}
     for axis, regime in zip(axes[:2], REGIMES):
         for method in METHODS:
             runs = _runs(results, method, regime)
@@ -390,7 +418,7 @@ def plot(results: list[dict], warm: dict, path: Path) -> None:
             width = max(1, len(runs))
             xs = [statistics.mean(p[0] for p in points[i : i + width]) for i in range(0, len(points), width)]
             ys = [statistics.median(p[1] for p in points[i : i + width]) for i in range(0, len(points), width)]
-            axis.plot(xs, ys, marker=".", label=method)
+            axis.plot(xs, ys, marker=".", label=method, color=colors[method])
         axis.set(title=f"held-out greedy accuracy, {regime}", xlabel="generated tokens", ylim=(-0.02, 1.02))
         axis.grid(alpha=0.3)
     ks = list(range(1, len(warm["pass_at_k"]) + 1))
@@ -398,11 +426,12 @@ def plot(results: list[dict], warm: dict, path: Path) -> None:
     for method in METHODS:
         runs = _runs(results, method, "on-policy")
         if runs:
-            axes[2].plot(ks, [statistics.median(r["pass_at_k"][k - 1] for r in runs) for k in ks], label=method)
+            pass_at_k = [statistics.median(r["pass_at_k"][k - 1] for r in runs) for k in ks]
+            axes[2].plot(ks, pass_at_k, label=method, color=colors[method])
     axes[2].set(title="pass@k after training (on-policy, median)", xlabel="k", xscale="log")
     axes[2].grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    axes[2].legend(fontsize=7)
+    for axis in axes:
+        axis.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -452,6 +481,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--test-per-length", type=int, default=40, help="held-out prompts per chain length")
     parser.add_argument("--methods", help="comma-separated subset of the methods")
     parser.add_argument("--from-json", help="summarize runs saved by an earlier invocation instead of training")
+    parser.add_argument("--replot", action="store_true", help="with --from-json: redraw bench/testbed.png from them")
     parser.add_argument("--quick", action="store_true", help="1 seed, a tiny budget and warm start: checks it runs")
     options = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -464,6 +494,8 @@ def main(argv: list[str] | None = None) -> str:
         )
         text = summarize(saved["runs"], saved["warm_start"], options)
         print(text)
+        if options.replot:
+            plot(saved["runs"], saved["warm_start"], here / "testbed.png")
         return text
 
     import datasets
