@@ -2,9 +2,10 @@
 in bf16, training throughput in tokens/s and model FLOPs utilisation (MFU) next to TRL's counterparts.
 
 Same method as ``bench/overhead.py`` (both sides in one process, training in strict turns of one step, the ratio of
-paired steps with a 95% two-stage bootstrap interval; the clocks wait for the GPU) and ``bench/dppo_topk.py`` (DPPO top-K TV vs binary TV vs DAPO, peak CUDA memory). Completions come from
-the deterministic ``rollout_func`` of ``bench/_common.py``, so the step is the training work alone (the log-prob
-forwards, the loss, backward and the optimizer). Tokens/s counts prompt + completion tokens trained per second; MFU is
+paired steps with a 95% two-stage bootstrap interval; the clocks wait for the GPU) and ``bench/dppo_topk.py`` (DPPO
+top-K TV vs binary TV vs DAPO, peak CUDA memory). Completions come from the deterministic ``rollout_func`` of
+``bench/_common.py``, so the step is the training work alone (the log-prob forwards, the loss, backward and the
+optimizer). Tokens/s counts prompt + completion tokens trained per second; MFU is
 ``6 * parameters * tokens`` per second over the device's dense bf16 peak (``--peak-tflops``; H100/H200 SXM: 989),
 the usual approximation that leaves attention's quadratic term out. Usage (needs CUDA):
 

@@ -57,7 +57,7 @@ FORWARD_KEYS = (
 class TopKForwardMixin:
     """The rollout top-K and the loss-time top-K forward of DPPO's ``topk_tv`` / ``topk_kl`` divergences.
 
-    Mixed into ``ReasoningTrainer``, whose ``accelerator``, ``args`` and ``_bare_model`` (the unwrapped model) it uses."""
+    Mixed into ``ReasoningTrainer``; uses its ``accelerator``, ``args`` and ``_bare_model`` (the unwrapped model)."""
 
     # Per-instance once assigned: the engine's top-K per generate call (None: not capturing), and whether the LM head
     # can still be applied to the final hidden states (set False on the first failure).
