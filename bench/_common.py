@@ -28,6 +28,17 @@ def rss_kib(field: str) -> int:
 _SAVED_MODELS: dict[tuple[int, int, int], str] = {}
 
 
+def trainer_classes(name: str) -> tuple[type, type]:
+    """``(config class, trainer class)`` by name: a trl-reasoning preset (``"DAPO"``, ``"DrGRPO"``, ...), or TRL's own
+    trainer with a ``trl.`` prefix (``"trl.GRPO"``, ``"trl.RLOO"``)."""
+    import trl
+
+    import trl_reasoning
+
+    module, stem = (trl, name.removeprefix("trl.")) if name.startswith("trl.") else (trl_reasoning, name)
+    return getattr(module, f"{stem}Config"), getattr(module, f"{stem}Trainer")
+
+
 def saved_model(tokenizer, vocab: int, hidden: int = 128, layers: int = 2) -> str:
     """The tiny Qwen2 (``demo.tiny.build_model``, seed 0) with ``vocab`` tokens, saved with its tokenizer to a temporary
     folder; trainers load the policy and, when ``beta > 0``, the reference model from that path (TRL builds the

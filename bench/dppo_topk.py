@@ -17,7 +17,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import run_worker, train_on_workload  # noqa: E402
+from _common import run_worker, train_on_workload, trainer_classes  # noqa: E402
 from _results import record  # noqa: E402
 
 CONFIGS = {
@@ -30,12 +30,8 @@ CONFIGS = {
 def worker(name: str, steps: int, vocab: int, length: int) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    import trl_reasoning as tr
-
     trainer_name, overrides = CONFIGS[name]
-    config_class = getattr(tr, f"{trainer_name}Config")
-    trainer_class = getattr(tr, f"{trainer_name}Trainer")
-    return train_on_workload(config_class, trainer_class, overrides, steps, vocab, length)
+    return train_on_workload(*trainer_classes(trainer_name), overrides, steps, vocab, length)
 
 
 def main(argv: list[str] | None = None) -> str:

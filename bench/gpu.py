@@ -25,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import workload_trainer  # noqa: E402
+from _common import trainer_classes, workload_trainer  # noqa: E402
 from _results import record  # noqa: E402
 from overhead import PAIRS, interleaved_session, paired_logs, ratio_interval  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
@@ -188,9 +188,6 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--smoke", action="store_true", help="tiny model on a CPU: checks the script runs")
     options = parser.parse_args(argv)
     import torch
-    import trl
-
-    import trl_reasoning as tr
 
     if options.smoke:
         options.sessions, options.steps, options.warmup, options.batch, options.length = 1, 2, 1, 8, 8
@@ -213,8 +210,8 @@ def main(argv: list[str] | None = None) -> str:
     for row in options.rows:
         ours, our_overrides, theirs, their_overrides, _ = PAIRS[row]
         sides = {
-            "ours": ((getattr(tr, f"{ours}Config"), getattr(tr, f"{ours}Trainer")), our_overrides),
-            "trl": ((getattr(trl, f"{theirs}Config"), getattr(trl, f"{theirs}Trainer")), their_overrides),
+            "ours": (trainer_classes(ours), our_overrides),
+            "trl": (trainer_classes(f"trl.{theirs}"), their_overrides),
         }
         if theirs == "RLOO":  # TRL's RLOOTrainer takes no rollout_func: not a like-for-like training-only row
             continue
@@ -229,8 +226,7 @@ def main(argv: list[str] | None = None) -> str:
         )
     lines += ["", "| DPPO top-K | tokens/s | peak CUDA MiB |", "|---|---|---|"]
     for name, (preset, overrides) in TOPK_CONFIGS.items():
-        classes = (getattr(tr, f"{preset}Config"), getattr(tr, f"{preset}Trainer"))
-        seconds, memory, tokens = timed_run(classes, overrides, model_path, options)
+        seconds, memory, tokens = timed_run(trainer_classes(preset), overrides, model_path, options)
         lines.append(f"| {name} | {tokens / seconds:.0f} | {memory:.0f} |")
     table = "\n".join(lines)
     print(table)

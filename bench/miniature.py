@@ -22,33 +22,22 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import trainer_classes  # noqa: E402
 from _results import record  # noqa: E402
 
-METHODS = {
-    "TRL GRPO": ("trl", {}),
-    "DAPO (dynamic sampling)": ("dapo", {}),
-    "DAPO (no dynamic sampling)": ("dapo", {"dynamic_sampling": False}),
-    "CISPO": ("cispo", {}),
-    "DPPO": ("dppo", {}),
-    "MaxRL": ("maxrl", {}),
-    "RLOO": ("rloo", {}),
-    "Dr. GRPO": ("dr_grpo", {}),
-    "ScaleRL": ("scalerl", {}),
+METHODS = {  # method -> (trainer name for _common.trainer_classes, config overrides)
+    "TRL GRPO": ("trl.GRPO", {}),
+    "DAPO (dynamic sampling)": ("DAPO", {}),
+    "DAPO (no dynamic sampling)": ("DAPO", {"dynamic_sampling": False}),
+    "CISPO": ("CISPO", {}),
+    "DPPO": ("DPPO", {}),
+    "MaxRL": ("MaxRL", {}),
+    "RLOO": ("RLOO", {}),
+    "Dr. GRPO": ("DrGRPO", {}),
+    "ScaleRL": ("ScaleRL", {}),
 }
 MAX_K = 16
 TARGET_ACCURACY = 0.9
-
-
-def _classes(key: str):
-    import trl
-
-    import trl_reasoning as tr
-
-    if key == "trl":
-        return trl.GRPOConfig, trl.GRPOTrainer
-    name = {"dapo": "DAPO", "cispo": "CISPO", "dppo": "DPPO", "maxrl": "MaxRL", "rloo": "RLOO"}.get(key)
-    name = name or {"dr_grpo": "DrGRPO", "scalerl": "ScaleRL"}[key]
-    return getattr(tr, f"{name}Config"), getattr(tr, f"{name}Trainer")
 
 
 def lengths_by_correctness(model, tokenizer, rows, num_samples: int, max_new_tokens: int) -> tuple[float, float]:
@@ -87,12 +76,12 @@ def run_one(method: str, seed: int, steps: int, eval_every: int, model_dir: str,
     from trl_reasoning.loading import load_tokenizer
 
     key, overrides = METHODS[method]
-    config_class, trainer_class = _classes(key)
+    config_class, trainer_class = trainer_classes(key)
     defaults = demo_training_defaults(task.num_digits)
     defaults.update(output_dir=f"outputs/miniature/{key}-{seed}", seed=seed, max_steps=steps, save_strategy="no")
     if quick:
         defaults.update(per_device_train_batch_size=16, num_generations=4, max_num_gen_batches=2)
-    if key == "trl":
+    if key == "trl.GRPO":
         defaults.pop("max_num_gen_batches", None)
     args = config_class(**{**defaults, **overrides})
     tokenizer = load_tokenizer(model_dir)

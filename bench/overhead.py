@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
-from _common import measure_train, run_worker, workload_trainer  # noqa: E402
+from _common import measure_train, run_worker, trainer_classes, workload_trainer  # noqa: E402
 from _results import record  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
@@ -81,16 +81,9 @@ DEFAULT_GOAL = 1.03
 
 def trainer_for(row: str, side: str, steps: int, vocab: int, length: int):
     """The trainer of one side (``"ours"`` or ``"trl"``) of ``row``, built on the shared workload."""
-    import trl
-
-    import trl_reasoning as tr
-
     ours, our_overrides, theirs, their_overrides, rollout = PAIRS[row]
-    if side == "ours":
-        classes, overrides = (getattr(tr, f"{ours}Config"), getattr(tr, f"{ours}Trainer")), our_overrides
-    else:
-        classes, overrides = (getattr(trl, f"{theirs}Config"), getattr(trl, f"{theirs}Trainer")), their_overrides
-    return workload_trainer(*classes, overrides, steps, vocab, length, rollout=rollout)
+    name, overrides = (ours, our_overrides) if side == "ours" else (f"trl.{theirs}", their_overrides)
+    return workload_trainer(*trainer_classes(name), overrides, steps, vocab, length, rollout=rollout)
 
 
 class Baton:
