@@ -25,6 +25,7 @@ such. Writes ``bench/testbed.png``, the raw runs in ``bench/testbed_runs.json`` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -35,13 +36,15 @@ from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import trainer_classes  # noqa: E402
 from _results import record  # noqa: E402
 
-#: method -> (trainer key, config overrides). "TRL ..." rows are TRL's own trainers with TRL's defaults.
+#: method -> (trainer name for ``_common.trainer_classes``, config overrides). "TRL ..." rows are TRL's own trainers
+#: with TRL's defaults.
 METHODS: dict[str, tuple[str, dict]] = {
-    "TRL GRPO": ("trl_grpo", {}),
-    "TRL GRPO (loss_type=grpo)": ("trl_grpo", {"loss_type": "grpo"}),
-    "TRL RLOOTrainer": ("trl_rloo", {}),
+    "TRL GRPO": ("trl.GRPO", {}),
+    "TRL GRPO (loss_type=grpo)": ("trl.GRPO", {"loss_type": "grpo"}),
+    "TRL RLOOTrainer": ("trl.RLOO", {}),
     "DAPO": ("DAPO", {}),
     "DAPO (no dynamic sampling)": ("DAPO", {"dynamic_sampling": False}),
     "CISPO": ("CISPO", {}),
@@ -55,18 +58,6 @@ REGIMES: dict[str, dict] = {"on-policy": {}, "stale": {"steps_per_generation": 4
 #: The off-policy claim is about the policy loss under stale rollouts: clip (TRL's and DAPO's), CISPO, DPPO.
 STALE_METHODS = ("TRL GRPO", "DAPO (no dynamic sampling)", "CISPO", "DPPO")
 MAX_K = 16
-
-
-def _classes(key: str):
-    import trl
-
-    import trl_reasoning as tr
-
-    if key == "trl_grpo":
-        return trl.GRPOConfig, trl.GRPOTrainer
-    if key == "trl_rloo":
-        return trl.RLOOConfig, trl.RLOOTrainer
-    return getattr(tr, f"{key}Config"), getattr(tr, f"{key}Trainer")
 
 
 class TokenMeter:
@@ -101,19 +92,27 @@ def _generation(tokenizer, max_new_tokens: int) -> dict:
     return {"max_new_tokens": max_new_tokens, "temperature": 1.0, "top_k": 0, "pad_token_id": tokenizer.pad_token_id}
 
 
+@contextlib.contextmanager
+def _eval_mode(model):
+    """``model.eval()`` for the block, then the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int) -> float:
     """Held-out greedy accuracy alone (the learning curve's points): no sampling, so no random numbers drawn."""
     from trl_reasoning.callbacks import _sample
     from trl_reasoning.demo.testbed import chain_sum_reward
 
-    was_training = model.training
-    model.eval()
+    generation = _generation(tokenizer, max_new_tokens)
     greedy: list[float] = []
-    for _, texts, answers in _evaluation_chunks(tokenizer, rows):
-        greedy += chain_sum_reward(
-            _sample(model, tokenizer, texts, 1, True, _generation(tokenizer, max_new_tokens))["texts"], answers
-        )
-    model.train(was_training)
+    with _eval_mode(model):
+        for _, texts, answers in _evaluation_chunks(tokenizer, rows):
+            greedy += chain_sum_reward(_sample(model, tokenizer, texts, 1, True, generation)["texts"], answers)
     return statistics.mean(greedy)
 
 
@@ -124,21 +123,19 @@ def final_evaluation(model, tokenizer, rows: list[dict], max_new_tokens: int, sa
     from trl_reasoning.demo.testbed import chain_sum_reward
     from trl_reasoning.evaluation import mean_pass_at_k
 
+    greedy = greedy_accuracy(model, tokenizer, rows, max_new_tokens)  # draws no random numbers: sampling is unchanged
     generation = _generation(tokenizer, max_new_tokens)
-    was_training = model.training
-    model.eval()
-    correct_counts, correct_lengths, incorrect_lengths, scratchpads, greedy = [], [], [], [], []
-    for chunk, texts, answers in _evaluation_chunks(tokenizer, rows):
-        greedy += chain_sum_reward(_sample(model, tokenizer, texts, 1, True, generation)["texts"], answers)
-        sampled = _sample(model, tokenizer, texts, samples, False, generation)
-        rewards = chain_sum_reward(sampled["texts"], [a for a in answers for _ in range(samples)])
-        for i in range(len(chunk)):
-            block = slice(i * samples, (i + 1) * samples)
-            correct_counts.append(int(sum(rewards[block])))
-            for reward, length, text in zip(rewards[block], sampled["lengths"][block], sampled["texts"][block]):
-                (correct_lengths if reward else incorrect_lengths).append(length)
-                scratchpads.append(not text.strip().startswith("="))
-    model.train(was_training)
+    correct_counts, correct_lengths, incorrect_lengths, scratchpads = [], [], [], []
+    with _eval_mode(model):
+        for chunk, texts, answers in _evaluation_chunks(tokenizer, rows):
+            sampled = _sample(model, tokenizer, texts, samples, False, generation)
+            rewards = chain_sum_reward(sampled["texts"], [a for a in answers for _ in range(samples)])
+            for i in range(len(chunk)):
+                block = slice(i * samples, (i + 1) * samples)
+                correct_counts.append(int(sum(rewards[block])))
+                for reward, length, text in zip(rewards[block], sampled["lengths"][block], sampled["texts"][block]):
+                    (correct_lengths if reward else incorrect_lengths).append(length)
+                    scratchpads.append(not text.strip().startswith("="))
     mean = lambda xs: statistics.mean(xs) if xs else float("nan")  # noqa: E731
     by_terms: dict[str, dict[str, float]] = {}
     for terms in sorted({r["num_terms"] for r in rows}):
@@ -150,7 +147,7 @@ def final_evaluation(model, tokenizer, rows: list[dict], max_new_tokens: int, sa
     longest = max(r["num_terms"] for r in rows)
     hard = [c for c, r in zip(correct_counts, rows) if r["num_terms"] >= longest - 1]  # the two longest chains
     return {
-        "greedy_accuracy": mean(greedy),
+        "greedy_accuracy": greedy,
         "pass_at_k": [mean_pass_at_k(correct_counts, samples, k) for k in range(1, samples + 1)],
         "hard_pass_at_k": [mean_pass_at_k(hard, samples, k) for k in range(1, samples + 1)],
         "by_terms": by_terms,
@@ -179,7 +176,7 @@ def run_one(job: dict) -> dict:
     torch.set_num_threads(1)
     task = ChainSumTask(**job["task"])
     key, overrides = METHODS[job["method"]]
-    config_class, trainer_class = _classes(key)
+    config_class, trainer_class = trainer_classes(key)
     settings = cpu_config_kwargs(
         output_dir=os.path.join(job["output_dir"], f"{key}-{job['regime']}-{job['seed']}"),
         per_device_train_batch_size=job["batch_size"],

@@ -11,9 +11,9 @@ can separate the algorithms where digit reversal cannot (``bench/miniature.py`` 
   correct partial sums in a row. Long chains are solved sometimes (pass@1 far below pass@16), which is where
   pass@k-oriented objectives (MaxRL) and dynamic sampling (DAPO) have something to act on.
 * **The teacher is sloppy in two ways.** It skips the scratchpad on ``skip_rate`` of its demonstrations (its direct
-  answers are right, but a tiny model cannot imitate mental arithmetic on long chains) and slips on one partial sum
-  on each partial sum with probability ``slip_rate``, so the warm start inherits both short guesses and long wrong
-  chains, and the longer the chain the more often it was shown a wrong one.
+  answers are right, but a tiny model cannot imitate mental arithmetic on long chains) and slips on each partial
+  sum with probability ``slip_rate``, so the warm start inherits both short guesses and long wrong chains, and the
+  longer the chain the more often it was shown a wrong one.
 
 Everything is generated from a seed, offline. Off-policy stress is a training setting, not a task: the bench reuses
 each batch of rollouts for several optimizer steps (``num_iterations`` and ``steps_per_generation``).
