@@ -26,7 +26,10 @@ def user_stacklevel() -> int:
     frame outside trl-reasoning, TRL, transformers, accelerate, torch and the standard library (1 if there is none)."""
     frame = sys._getframe(1)
     level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+    # "<string>": code generated at run time (a dataclass's __init__, which runs a config's __post_init__)
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(_LIBRARY_DIRS) or frame.f_code.co_filename == "<string>"
+    ):
         frame = frame.f_back
         level += 1
     return level if frame is not None else 1

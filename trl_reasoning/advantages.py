@@ -147,7 +147,29 @@ def scalerl_advantages(rewards: torch.Tensor, num_generations: int, epsilon: flo
     return centred / (std + epsilon)
 
 
-def compute_advantages(rewards: torch.Tensor, num_generations: int, estimator: str = "grpo", **kwargs) -> torch.Tensor:
+@ADVANTAGE_ESTIMATORS.register("batch_zscore")
+def batch_zscore_advantages(rewards: torch.Tensor, num_generations: int, epsilon: float = 1e-4) -> torch.Tensor:
+    """Batch standardisation: ``A_i = (r_i - mean_batch) / (std_batch + eps)``, both over every scored reward of the
+    batch (no group baseline of its own).
+
+    The last step of TRL's ``multi_objective_aggregation="normalize_then_sum"``, whose combined reward is already a
+    sum of per-group z-scores (:func:`trl_reasoning.shaping.normalize_then_sum_rewards`), so it is centred within each
+    group. Source: TRL 1.16 ``GRPOTrainer._generate_and_score_completions`` (GDPO-style decoupled normalisation).
+    """
+    grouped_rewards(rewards, num_generations)  # shape check
+    std = nan_std(rewards) if rewards.numel() > 1 else torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+    return (rewards - torch.nanmean(rewards)) / (std + epsilon)
+
+
+def normalize_advantages(advantages: torch.Tensor, epsilon: float = 1e-4) -> torch.Tensor:
+    """``(A - mean(A)) / (std(A) + eps)`` over the batch's scored advantages (``NaN`` entries are left out and stay
+    ``NaN``): TRL ``RLOOConfig.normalize_advantages`` ("normalization is done per generation batch")."""
+    return (advantages - torch.nanmean(advantages)) / (nan_std(advantages) + epsilon)
+
+
+def compute_advantages(
+    rewards: torch.Tensor, num_generations: int, estimator: str = "grpo", normalize: bool = False, **kwargs
+) -> torch.Tensor:
     """Advantages of a gathered batch with the estimator registered as ``estimator``.
 
     Args:
@@ -156,6 +178,8 @@ def compute_advantages(rewards: torch.Tensor, num_generations: int, estimator: s
         num_generations: the group size ``G``. With ``G == 1`` (possible in evaluation) there is no baseline and
             every advantage is 0.
         estimator: a name in ``ADVANTAGE_ESTIMATORS``.
+        normalize: standardise the advantages over the batch afterwards (:func:`normalize_advantages`, TRL's
+            ``RLOOConfig.normalize_advantages``), before unscorable completions are set to 0.
         **kwargs: offered to the estimator; it receives those it takes as parameters (``epsilon``,
             ``reward_threshold``), so a caller can pass one set of options whatever the estimator.
 
@@ -167,4 +191,7 @@ def compute_advantages(rewards: torch.Tensor, num_generations: int, estimator: s
         grouped_rewards(rewards, num_generations)
         return torch.zeros_like(rewards)
     kwargs = ADVANTAGE_ESTIMATORS.kwargs_for(estimator, kwargs)
-    return torch.nan_to_num(fn(rewards, num_generations, **kwargs), nan=0.0)
+    advantages = fn(rewards, num_generations, **kwargs)
+    if normalize:
+        advantages = normalize_advantages(advantages)
+    return torch.nan_to_num(advantages, nan=0.0)

@@ -3,7 +3,9 @@
 Every mode is ``L = sum_{i,t} w_i * l_it * m_it``. The weights ``w_i`` depend only on statistics of the whole
 global batch (all processes, all gradient-accumulation micro-batches): the number of unmasked tokens of each
 completion, the batch size ``N`` and the group size ``G``. Computing them once, before the batch is split, makes
-the gradient of an optimizer step independent of how the batch is split across processes and micro-batches.
+the gradient of an optimizer step independent of how the batch is split across processes and micro-batches. The one
+exception, ``micro_batch_token_mean`` (TRL's ``loss_type="bnpo"``), is registered with ``per_micro_batch=True``: its
+weights come from the micro-batch at loss time, as TRL defines it.
 Table and sources: ``shared/ALGORITHMS.md`` ("Loss aggregation").
 """
 
@@ -67,6 +69,20 @@ def prompt_mean_weights(token_counts: torch.Tensor, num_generations: int | None 
     grouped = token_counts.view(-1, num_generations)
     group_tokens = grouped.sum(dim=1, keepdim=True).expand_as(grouped)
     return (_safe_reciprocal(group_tokens) / grouped.size(0)).reshape(-1)
+
+
+# per_micro_batch: the weights are computed at loss time from the micro-batch this process holds, not fixed on the
+# global batch (the trainer then also scales the loss as TRL does for it). The one mode whose gradient depends on how
+# the batch is split; it exists because TRL's loss_type="bnpo" is defined that way.
+@AGGREGATIONS.register("micro_batch_token_mean", per_micro_batch=True)
+def micro_batch_token_mean_weights(token_counts: torch.Tensor, **_) -> torch.Tensor:
+    """``w_i = 1 / sum_{j in micro-batch} |y_j|``: token mean over the local micro-batch only (TRL's ``loss_type="bnpo"``).
+
+    The normaliser is the tokens of the micro-batch one process holds, so the gradient of an optimizer step depends on
+    ``per_device_train_batch_size``, the number of processes and gradient accumulation (TRL documents this); with one
+    micro-batch per step on one process it equals ``token_mean``. Source: TRL ``GRPOConfig.loss_type`` ("bnpo").
+    """
+    return token_mean_weights(token_counts)
 
 
 def completion_weights(

@@ -39,6 +39,7 @@ def batch_advantages_and_weights(
     aggregation: str,
     max_completion_length: int | None,
     active_groups: torch.Tensor | None = None,
+    normalize_advantages: bool = False,
     **estimator_kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Advantages and loss weights of every completion of a gathered batch.
@@ -55,12 +56,16 @@ def batch_advantages_and_weights(
         aggregation: a name in ``AGGREGATIONS``.
         max_completion_length: ``L_max`` of the constant-length normalisers.
         active_groups: ``(N / G,)`` bool, or ``None``.
+        normalize_advantages: standardise the advantages over the batch's active rows (TRL's
+            ``RLOOConfig.normalize_advantages``).
 
     Returns:
         ``(advantages, weights, active_rows)``: ``(N,)`` each; ``active_rows`` is ``None`` without ``active_groups``.
     """
     if active_groups is None:
-        advantages = compute_advantages(rewards, num_generations, estimator, **estimator_kwargs)
+        advantages = compute_advantages(
+            rewards, num_generations, estimator, normalize=normalize_advantages, **estimator_kwargs
+        )
         weights = completion_weights(token_counts, aggregation, num_generations, max_completion_length)
         return advantages, weights, None
     active_rows = active_groups.to(device=rewards.device, dtype=torch.bool).repeat_interleave(num_generations)
@@ -73,7 +78,7 @@ def batch_advantages_and_weights(
     weights = torch.zeros_like(token_counts)
     if bool(active_rows.any()):
         advantages[active_rows] = compute_advantages(
-            rewards[active_rows], num_generations, estimator, **estimator_kwargs
+            rewards[active_rows], num_generations, estimator, normalize=normalize_advantages, **estimator_kwargs
         )
         weights[active_rows] = completion_weights(
             token_counts[active_rows], aggregation, num_generations, max_completion_length

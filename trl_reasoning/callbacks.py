@@ -8,12 +8,14 @@ functions that take TRL's reward-function arguments. [`PassAtKCallback`] runs it
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
+from transformers.trainer_utils import SaveStrategy
 
 from .evaluation import mean_pass_at_k
 
@@ -380,3 +382,35 @@ class PassAtKCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step > 0 and state.global_step % self.eval_steps == 0:
             self.evaluate(state.global_step)
+
+
+class StopWhenEveryPromptIsRetired(TrainerCallback):
+    """Ends training cleanly at the end of the epoch in which no-positive-resampling retired the last training prompt:
+    a warning, then the Trainer's normal end (a final checkpoint when saving by steps, as when ``max_steps`` is
+    reached; the script's ``save_model`` runs as usual), instead of an epoch with nothing to sample.
+
+    ``prompts_left_next()`` says whether any prompt is still drawn in the next epoch (the trainer's ``PromptState``).
+    """
+
+    def __init__(self, prompts_left_next: Callable[[], bool], num_prompts: Callable[[], int]):
+        self.prompts_left_next = prompts_left_next
+        self.num_prompts = num_prompts
+        self.stopped_at: int | None = None
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps or self.prompts_left_next():
+            return control
+        warnings.warn(
+            f"No-positive-resampling has retired every one of the {self.num_prompts()} training prompts (their pass "
+            f"rate reached positive_resampling_threshold={args.positive_resampling_threshold}): training ends at step "
+            f"{state.global_step} of {state.max_steps}, as at a normal end"
+            + (", with a final checkpoint." if args.save_strategy == SaveStrategy.STEPS else ".")
+            + " Use more prompts or a higher threshold to train longer.",
+            UserWarning,
+            stacklevel=2,
+        )
+        self.stopped_at = state.global_step
+        control.should_training_stop = True
+        if args.save_strategy == SaveStrategy.STEPS:
+            control.should_save = True
+        return control

@@ -10,38 +10,55 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import TrainingArguments
 from trl import GRPOConfig
 
+from ._warnings import user_stacklevel
 from .advantages import ADVANTAGE_ESTIMATORS, GROUP_RELATIVE_ESTIMATORS
 from .aggregation import AGGREGATIONS
-from .losses import DPPO_DEFAULT_THRESHOLDS, POLICY_LOSSES
+from .losses import DPPO_DEFAULT_THRESHOLDS, IMPORTANCE_SAMPLING_LEVELS, POLICY_LOSSES
 from .model_card import record_derived_values
 from .rewards import REWARD_ERROR_POLICIES
 from .sampling import EXTRA_ROUND_SIZES, resolve_group_selection
+from .shaping import MULTI_OBJECTIVE_AGGREGATIONS
 from .typed_fields import coerce_field_types
 
-# TRL's `loss_type` = (objective, aggregation). `importance_sampling_level="sequence"` turns "grpo" into GSPO.
+# TRL's `loss_type` = (objective, aggregation). `importance_sampling_level="sequence"` takes the sequence ratio (GSPO's)
+# in any objective that declares `sequence_level` (clip, cispo, sapo); TRL's "grpo" with it is spelled "gspo" here.
 _TRL_LOSS_TYPES = {
     "grpo": ("clip", "seq_mean_token_mean"),
     "dapo": ("clip", "token_mean"),
     "dr_grpo": ("clip", "seq_mean_token_sum_norm"),
     "cispo": ("cispo", "token_mean"),
+    "bnpo": ("clip", "micro_batch_token_mean"),
+    "sapo": ("sapo", "seq_mean_token_mean"),
+    "luspo": ("clip", "seq_mean_token_sum"),
+    "vespo": ("vespo", "token_mean"),
 }
 _TRL_LOSS_TYPE_OF = {pair: name for name, pair in _TRL_LOSS_TYPES.items()}
-_UNSUPPORTED_TRL_LOSS_TYPES = {
-    "bnpo": "it normalizes by the tokens of each local micro-batch, so its gradient depends on how the batch is "
-    "split; loss_type='dapo' (loss_aggregation='token_mean') normalizes by the tokens of the whole batch",
-    "sapo": "trl-reasoning has no SAPO objective; use trl.GRPOTrainer",
-    "luspo": "trl-reasoning has no LUSPO objective; use trl.GRPOTrainer",
-    "vespo": "trl-reasoning has no VESPO objective; use trl.GRPOTrainer",
-}
+
+
+def _same_clip(policy_loss: str, implied: str) -> bool:
+    """``gspo`` is ``clip`` with the sequence ratio: either name agrees with a TRL loss type that means the other once
+    ``importance_sampling_level`` is taken into account (checked separately)."""
+    return {policy_loss, implied} == {"clip", "gspo"}
+
+
 # TRL's `scale_rewards` <-> advantage estimator.
 _SCALE_REWARDS_TO_ESTIMATOR = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}
-_ESTIMATOR_TO_SCALE_REWARDS = {"grpo": "group", "batch": "batch", "dr_grpo": "none", "rloo": "none", "maxrl": "none"}
+_ESTIMATOR_TO_SCALE_REWARDS = {
+    "grpo": "group",
+    "batch": "batch",
+    "dr_grpo": "none",
+    "rloo": "none",
+    "maxrl": "none",
+    "batch_zscore": "batch",
+}
 _OVERLONG_AUTO_FRACTION = 0.2  # DAPO: L_cache = 4096 of L_max = 20480
 
 
@@ -56,26 +73,35 @@ class ReasoningConfig(GRPOConfig):
         > Parameters that choose the algorithm
 
         advantage_estimator (`str` or `None`, *optional*, defaults to `None`):
-            One of `"grpo"`, `"dr_grpo"`, `"rloo"`, `"maxrl"`, `"batch"`, `"scalerl"` (see
-            `trl_reasoning.advantages`). `None`
-            derives it from TRL's `scale_rewards` (`"group"` → `"grpo"`, `"batch"` → `"batch"`, `"none"` →
-            `"dr_grpo"`); when both are set they must agree.
+            One of `"grpo"`, `"dr_grpo"`, `"rloo"`, `"maxrl"`, `"batch"`, `"scalerl"`, `"batch_zscore"` (see
+            `trl_reasoning.advantages`). `None` derives it from TRL's `scale_rewards` (`"group"` → `"grpo"`,
+            `"batch"` → `"batch"`, `"none"` → `"dr_grpo"`), or, with `multi_objective_aggregation=
+            "normalize_then_sum"`, takes TRL's batch standardisation (`"batch_zscore"`; TRL ignores `scale_rewards`
+            there); when both are set they must agree.
         policy_loss (`str` or `None`, *optional*, defaults to `None`):
-            One of `"clip"`, `"cispo"`, `"dppo"`, `"sequence_clip"`, `"gspo"` (see `trl_reasoning.losses`).
+            One of `"clip"`, `"cispo"`, `"dppo"`, `"sequence_clip"`, `"gspo"`, `"sapo"`, `"vespo"` (see
+            `trl_reasoning.losses`). `importance_sampling_level="sequence"` (TRL's field) gives `"clip"`, `"cispo"`
+            and `"sapo"` one ratio per sequence, as in TRL; `"gspo"` is `"clip"` with it.
         loss_aggregation (`str` or `None`, *optional*, defaults to `None`):
             One of `"token_mean"`, `"seq_mean_token_mean"`, `"seq_mean_token_sum_norm"`, `"seq_mean_token_sum"`,
-            `"prompt_mean"` (see `trl_reasoning.aggregation`). With `policy_loss`, `None` derives both from TRL's
-            `loss_type` (`"dapo"` when that is unset too); when both are set they must agree.
+            `"prompt_mean"`, `"micro_batch_token_mean"` (see `trl_reasoning.aggregation`). With `policy_loss`,
+            `None` derives both from TRL's `loss_type` (`"dapo"` when that is unset too); when both are set they must
+            agree.
         loss_type (`str` or `None`, *optional*, defaults to `None`):
-            TRL's loss name, accepted for drop-in compatibility: `"grpo"`, `"dapo"`, `"dr_grpo"`, `"cispo"`. After
-            construction it holds the TRL name equivalent to `policy_loss` + `loss_aggregation`, or `None` if TRL
-            has no equivalent (e.g. DPPO).
+            TRL's loss name, accepted for drop-in compatibility: every TRL 1.16 value, `"grpo"`, `"dapo"`,
+            `"dr_grpo"`, `"cispo"`, `"bnpo"`, `"sapo"`, `"luspo"`, `"vespo"`, each the same loss as in
+            `GRPOTrainer`. `"bnpo"` normalizes per micro-batch (`"micro_batch_token_mean"`), so its gradient
+            depends on how the batch is split (TRL's definition; a warning says so). After construction it holds the
+            TRL name equivalent to `policy_loss` + `loss_aggregation`, or `None` if TRL has no equivalent (e.g. DPPO).
         scale_rewards (`str` or `None`, *optional*, defaults to `None`):
             TRL's reward scaling, accepted for drop-in compatibility (`"group"`, `"batch"`, `"none"`, or a bool).
             After construction it holds the value equivalent to `advantage_estimator`.
         kl_in_reward (`bool`, *optional*, defaults to `False`):
             Apply `beta` as a KL penalty in the reward (`r ← r − beta · Σ_t (log π_old − log π_ref)`, no gradient),
             as TRL's `RLOOTrainer` does, instead of TRL GRPO's per-token `beta · k3` term in the loss.
+        normalize_advantages (`bool`, *optional*, defaults to `False`):
+            Standardise the advantages over the generation batch (mean 0, std 1, over scored completions) after the
+            estimator, as TRL's `RLOOConfig.normalize_advantages` does (any estimator here).
 
         > Parameters of reward shaping
 
@@ -83,6 +109,9 @@ class ReasoningConfig(GRPOConfig):
             DAPO's soft overlong punishment: completions longer than `max_completion_length − overlong_cache_length`
             tokens get a penalty falling linearly to −1 at `max_completion_length`. `None` turns it off; `"auto"` uses
             20% of `max_completion_length` (the DAPO paper's 4096 of 20480).
+        reward_clip_range (`tuple[float, float]` or `None`, *optional*, defaults to `None`):
+            Clamp the weighted sum of the rewards to `(min, max)` before any other shaping (and before RLOO's KL
+            penalty), as TRL's `RLOOConfig.reward_clip_range` does. `None`: no clipping.
 
         > Parameters of sampling
 
@@ -108,13 +137,20 @@ class ReasoningConfig(GRPOConfig):
             (`dynamic_sampling` → `"dynamic"`, `zero_variance_filtering` → `"zero_variance"`, else `"all"`); a name
             that contradicts a switch that is on is an error.
         positive_resampling_threshold (`float` or `None`, *optional*, defaults to `None`):
-            ScaleRL's no-positive-resampling: a prompt whose group pass rate (share of completions with task reward
-            `> 0`) reaches this threshold is not sampled again in later epochs (ScaleRL: 0.9). The retired prompts
-            are saved in checkpoints. `None` turns it off.
+            ScaleRL's no-positive-resampling: a prompt whose group pass rate (share of completions that pass, see
+            `task_pass_threshold`) reaches this threshold is not sampled again in later epochs (ScaleRL: 0.9). The
+            retired prompts are saved in checkpoints. When every prompt is retired, training stops cleanly at the end
+            of the epoch (a warning, a final checkpoint). `None` turns it off.
+        task_pass_threshold (`float` or `None`, *optional*, defaults to `None`):
+            When a completion counts as a pass for no-positive-resampling: task reward `>= task_pass_threshold`.
+            `None` defines a pass only for a correctness reward, whose task rewards are all in {-1, 0, 1}: a pass is
+            a task reward `> 0`. A task reward outside that set (a length reward, a judge's score in [0, 1]) then
+            retires nothing, with a warning that names the reward functions and asks for this threshold (otherwise
+            an always-positive reward would retire every prompt in the first epoch).
         task_reward_funcs (`list[str]` or `None`, *optional*, defaults to `None`):
             The reward functions, by name (as logged under `rewards/<name>`), whose weighted sum is the *task* reward:
             what dynamic sampling and zero-variance filtering call informative and what no-positive-resampling calls
-            a pass (task reward `> 0`). Auxiliary rewards (format, length) and overlong shaping still shape the
+            a pass (see `task_pass_threshold`). Auxiliary rewards (format, length) and overlong shaping still shape the
             advantage but never decide these. `None` takes every reward function, except that no-positive-resampling
             with several reward functions needs it set (a format bonus alone must never retire a prompt the model
             never solved). Logged as `task_reward`.
@@ -125,6 +161,19 @@ class ReasoningConfig(GRPOConfig):
             What happens when a reward function raises. `"raise"`: an error naming the function, the failing sample
             and the exception. `"exclude"`: the samples it fails on (found by calling it again sample by sample) get
             no reward (advantage 0, like a `None` reward) and are counted in `rewards/<name>/errors`.
+        reward_timeout (`float` or `None`, *optional*, defaults to `None`):
+            Seconds one call of a reward function may take. Past it the call counts as an error under
+            `on_reward_error`: `"raise"` stops with an error naming the function and the timeout; `"exclude"` gives
+            every sample of that call no reward (counted in `rewards/<name>/errors`; the samples are not retried one
+            by one, which could cost a timeout each). The call runs in a helper thread (an async reward function:
+            under `asyncio.wait_for`), so a stuck judge cannot stall the run; a thread that never returns is left
+            running in the background. `None`: no limit, as in TRL.
+        filter_overlong_prompts (`bool`, *optional*, defaults to `True`):
+            Prompts whose tokens plus `max_completion_length` exceed the model's context (`max_position_embeddings`)
+            are removed from the training and evaluation datasets when the trainer is built, with a warning naming
+            each one (index and length in tokens); from a streaming dataset they are skipped as they are read, with
+            the same warning. Past the context every log-probability is computed at positions the model never saw.
+            `False`: such a prompt is an error at construction that names it.
         nonfinite_loss_patience (`int`, *optional*, defaults to `3`):
             An optimizer step whose loss is NaN or infinite is skipped (parameters and optimizer state untouched),
             counted in `nonfinite_loss/skipped_steps` and warned about; more than this many consecutive skipped steps
@@ -278,6 +327,38 @@ class ReasoningConfig(GRPOConfig):
         default=None,
         metadata={"help": "MaxRL: rewards >= this threshold count as successes. None = rewards must be 0/1."},
     )
+    normalize_advantages: bool = field(
+        default=False,
+        metadata={
+            "help": "Standardise the advantages over the generation batch after the estimator (TRL's "
+            "RLOOConfig.normalize_advantages)."
+        },
+    )
+    reward_clip_range: tuple[float, float] | None = field(
+        default=None,
+        metadata={"help": "Clip range for rewards as (min, max). If None, no clipping is applied."},
+    )
+    task_pass_threshold: float | None = field(
+        default=None,
+        metadata={
+            "help": "No-positive-resampling: a completion passes when its task reward is >= this. None = a task "
+            "reward in {-1, 0, 1} passes when > 0 (another reward then retires nothing, with a warning)."
+        },
+    )
+    reward_timeout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds a reward function call may take; past it the call is an error under on_reward_error. "
+            "None = no limit."
+        },
+    )
+    filter_overlong_prompts: bool = field(
+        default=True,
+        metadata={
+            "help": "Remove (with a warning naming them) prompts that cannot fit the model's context with "
+            "max_completion_length; False = an error at construction."
+        },
+    )
 
     def __post_init__(self):
         # A value given in Python gets the conversion TRL's YAML/CLI parsing applies (never a truthy "false").
@@ -318,30 +399,35 @@ class ReasoningConfig(GRPOConfig):
 
     def _resolve_loss(self) -> None:
         sequence_level = self.importance_sampling_level == "sequence"
+        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+            raise ValueError(
+                f"Unknown importance_sampling_level {self.importance_sampling_level!r}. Allowed values: "
+                f"{', '.join(IMPORTANCE_SAMPLING_LEVELS)}."
+            )
         if self.loss_type is not None:
-            if self.loss_type in _UNSUPPORTED_TRL_LOSS_TYPES:
-                raise ValueError(
-                    f"loss_type={self.loss_type!r} is not supported: {_UNSUPPORTED_TRL_LOSS_TYPES[self.loss_type]}. "
-                    f"Allowed values: {', '.join(_TRL_LOSS_TYPES)}, or None with policy_loss and loss_aggregation."
-                )
             if self.loss_type not in _TRL_LOSS_TYPES:
                 raise ValueError(
                     f"Unknown loss_type {self.loss_type!r}. Allowed values: {', '.join(_TRL_LOSS_TYPES)}, or None."
                 )
             implied_loss, implied_aggregation = _TRL_LOSS_TYPES[self.loss_type]
-            if sequence_level and self.loss_type == "grpo":
-                implied_loss = "gspo"
+            if sequence_level and implied_loss == "clip":
+                implied_loss = "gspo"  # TRL's clip with the sequence ratio
             for name, value, implied in (
                 ("policy_loss", self.policy_loss, implied_loss),
                 ("loss_aggregation", self.loss_aggregation, implied_aggregation),
             ):
-                if value is not None and value != implied:
+                if (
+                    value is not None
+                    and value != implied
+                    and not (name == "policy_loss" and _same_clip(value, implied))
+                ):
                     raise ValueError(
                         f"{name}={value!r} conflicts with loss_type={self.loss_type!r}, which means "
                         f"policy_loss={implied_loss!r} and loss_aggregation={implied_aggregation!r} in TRL. Set "
                         f"loss_type=None to use {name}={value!r}, or drop {name}."
                     )
-            self.policy_loss, self.loss_aggregation = implied_loss, implied_aggregation
+            self.policy_loss = implied_loss if self.policy_loss is None else self.policy_loss
+            self.loss_aggregation = implied_aggregation
         else:
             if self.policy_loss is None:
                 self.policy_loss = "gspo" if sequence_level else "clip"
@@ -351,16 +437,25 @@ class ReasoningConfig(GRPOConfig):
         AGGREGATIONS.get(self.loss_aggregation)
         if self.policy_loss == "gspo":
             self.importance_sampling_level = "sequence"  # GSPO's ratio is the sequence ratio by definition
-        elif sequence_level:
+        elif sequence_level and not POLICY_LOSSES.trait(self.policy_loss, "sequence_level", False):
+            allowed = [name for name in POLICY_LOSSES.names() if POLICY_LOSSES.trait(name, "sequence_level", False)]
             raise ValueError(
-                f"importance_sampling_level='sequence' is honoured by policy_loss='gspo' only (TRL's loss_type='grpo' "
-                f"with a sequence-level ratio), not by policy_loss={self.policy_loss!r}. Use policy_loss='gspo' or "
+                f"importance_sampling_level='sequence' takes one importance ratio per sequence, which policy_loss="
+                f"{self.policy_loss!r} does not define (it is honoured by {', '.join(allowed)} and gspo). Use "
                 "importance_sampling_level='token'."
             )
-        if self.policy_loss == "gspo":  # TRL spells GSPO as loss_type="grpo" with a sequence-level ratio
-            self.loss_type = "grpo" if self.loss_aggregation == "seq_mean_token_mean" else None
-        else:
-            self.loss_type = _TRL_LOSS_TYPE_OF.get((self.policy_loss, self.loss_aggregation))
+        # The TRL name of the result, which TRL's own __init__ reads for its warnings (None: TRL has no equivalent).
+        objective = "clip" if self.policy_loss == "gspo" else self.policy_loss
+        self.loss_type = _TRL_LOSS_TYPE_OF.get((objective, self.loss_aggregation))
+        if AGGREGATIONS.trait(self.loss_aggregation, "per_micro_batch", False):
+            warnings.warn(
+                f"loss_aggregation={self.loss_aggregation!r} (TRL's loss_type='bnpo') normalizes by the tokens of each "
+                "process's micro-batch, as TRL defines it: the gradient of an optimizer step then depends on "
+                "per_device_train_batch_size, the number of processes and gradient accumulation, not only on the "
+                "batch. loss_type='dapo' (loss_aggregation='token_mean') normalizes by the tokens of the whole batch.",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
 
     def _resolve_advantage_estimator(self) -> None:
         scale = self.scale_rewards
@@ -371,6 +466,9 @@ class ReasoningConfig(GRPOConfig):
                 f"Unknown scale_rewards {self.scale_rewards!r}. Allowed values: "
                 f"{', '.join(_SCALE_REWARDS_TO_ESTIMATOR)}, True, False or None."
             )
+        if self.advantage_estimator is None and self.multi_objective_aggregation == "normalize_then_sum":
+            # TRL's normalize_then_sum ends in a batch standardisation and ignores scale_rewards; so does this.
+            self.advantage_estimator, scale = "batch_zscore", None
         if self.advantage_estimator is None:
             self.advantage_estimator = _SCALE_REWARDS_TO_ESTIMATOR[scale or "group"]
         ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
@@ -384,10 +482,10 @@ class ReasoningConfig(GRPOConfig):
         self.scale_rewards = implied
 
     def _validate_reasoning_fields(self) -> None:
-        if self.multi_objective_aggregation != "sum_then_normalize":
+        if self.multi_objective_aggregation not in MULTI_OBJECTIVE_AGGREGATIONS:
             raise ValueError(
-                f"multi_objective_aggregation={self.multi_objective_aggregation!r} is not supported: trl-reasoning's "
-                "estimators act on one combined reward per completion. Allowed value: 'sum_then_normalize'."
+                f"Unknown multi_objective_aggregation {self.multi_objective_aggregation!r}. Allowed values: "
+                f"{', '.join(MULTI_OBJECTIVE_AGGREGATIONS)}."
             )
         if self.advantage_estimator in GROUP_RELATIVE_ESTIMATORS and (self.num_generations or 0) < 2:
             raise ValueError(
@@ -399,11 +497,16 @@ class ReasoningConfig(GRPOConfig):
             raise ValueError(f"epsilon must be >= 0, got {self.epsilon}.")
         if self.epsilon_high is not None and self.epsilon_high <= 0:
             raise ValueError(f"epsilon_high must be > 0 (or None to use epsilon), got {self.epsilon_high}.")
-        if self.delta is not None and self.policy_loss != "clip":
+        if self.delta is not None and self.policy_loss not in ("clip", "gspo"):
             raise ValueError(
-                f"delta={self.delta} (two-sided clipping) applies to policy_loss='clip' only, not "
+                f"delta={self.delta} (two-sided clipping) applies to policy_loss='clip' (and 'gspo') only, not "
                 f"{self.policy_loss!r}. Set delta=None."
             )
+        self._validate_reward_clip_range()
+        if self.task_pass_threshold is not None and not math.isfinite(self.task_pass_threshold):
+            raise ValueError(f"task_pass_threshold must be a finite number or None, got {self.task_pass_threshold}.")
+        if self.reward_timeout is not None and not self.reward_timeout > 0:
+            raise ValueError(f"reward_timeout must be > 0 seconds (or None for no limit), got {self.reward_timeout}.")
         if self.on_reward_error not in REWARD_ERROR_POLICIES:
             raise ValueError(
                 f"Unknown on_reward_error {self.on_reward_error!r}. Allowed values: {', '.join(REWARD_ERROR_POLICIES)}."
@@ -472,12 +575,27 @@ class ReasoningConfig(GRPOConfig):
             for name, on in (
                 ("overlong_cache_length", self.overlong_cache_length is not None),
                 ("kl_in_reward", self.kl_in_reward and self.beta != 0.0),
+                ("multi_objective_aggregation", self.multi_objective_aggregation == "normalize_then_sum"),
             ):
                 if on:
                     raise ValueError(
                         f"{name} shapes the reward, but advantage_estimator='maxrl' needs binary rewards. Turn "
                         f"{name} off, or set maxrl_reward_threshold to binarize the shaped reward."
                     )
+
+    def _validate_reward_clip_range(self) -> None:
+        clip_range = self.reward_clip_range
+        if clip_range is None:
+            return
+        if isinstance(clip_range, str) or not hasattr(clip_range, "__len__") or len(clip_range) != 2:
+            raise ValueError(f"reward_clip_range must be a pair (min, max) or None, got {clip_range!r}.")
+        try:
+            low, high = (float(bound) for bound in clip_range)
+        except (TypeError, ValueError):
+            raise ValueError(f"reward_clip_range must hold two numbers (min, max), got {clip_range!r}.") from None
+        if math.isnan(low) or math.isnan(high) or low > high:
+            raise ValueError(f"reward_clip_range=(min, max) needs min <= max, got {clip_range!r}.")
+        self.reward_clip_range = (low, high)
 
     def _validate_ordering(self) -> None:
         """Bounds that only make sense in one order, each error naming the fields."""
@@ -489,10 +607,13 @@ class ReasoningConfig(GRPOConfig):
                 "epsilon). Raise epsilon_high, or lower epsilon."
             )
         if self.policy_loss == "cispo" and epsilon_high < 1.0:
-            raise ValueError(
+            # TRL accepts it (its cap defaults to epsilon=0.2 when epsilon_high is unset), so this only warns.
+            warnings.warn(
                 f"epsilon_high={epsilon_high} is below 1 with policy_loss='cispo', where it is an absolute cap on the "
                 "importance ratio (TRL's semantics; the paper's 1 + eps_high): a cap below the on-policy ratio 1 "
-                "shrinks every token's weight. Use a cap >= 1 (TRL recommends 5.0; ScaleRL found 4, 5 and 8 alike)."
+                "shrinks every token's weight. TRL recommends epsilon_high=5.0 (ScaleRL found 4, 5 and 8 alike).",
+                UserWarning,
+                stacklevel=user_stacklevel(),
             )
         if self.delta is not None and self.delta <= 1.0:
             raise ValueError(

@@ -110,7 +110,29 @@ def _clipped_surrogate(
     return -torch.min(ratio * advantages, clipped * advantages)
 
 
-@POLICY_LOSSES.register("clip")
+#: TRL's ``importance_sampling_level`` values: the ratio per token, or one ratio per sequence (GSPO's length-normalised
+#: ``exp(mean_t log rho_t)``) shared by the sequence's tokens.
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+
+def importance_ratio(
+    logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, level: str = "token"
+) -> torch.Tensor:
+    """``rho = pi / pi_old``: ``(B, T)`` per token (``level="token"``), or ``(B, 1)`` per sequence
+    (``level="sequence"``): ``exp(sum_t m_t (log pi - log pi_old) / sum_t m_t)``, TRL's
+    ``importance_sampling_level`` (GSPO, arXiv 2507.18071, Eq. 7)."""
+    if level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(
+            f"Unknown importance_sampling_level {level!r}. Allowed values: {', '.join(IMPORTANCE_SAMPLING_LEVELS)}."
+        )
+    log_ratio = logps - old_logps
+    if level == "sequence":
+        lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1)
+        log_ratio = (log_ratio * mask).sum(dim=-1, keepdim=True) / lengths
+    return torch.exp(log_ratio)
+
+
+@POLICY_LOSSES.register("clip", sequence_level=True)
 def clip_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -119,35 +141,142 @@ def clip_loss(
     epsilon_low: float = 0.2,
     epsilon_high: float = 0.2,
     delta: float | None = None,
+    importance_sampling_level: str = "token",
     stats: dict | None = None,
 ) -> torch.Tensor:
     """PPO/GRPO clipped surrogate per token: ``l = -min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A)``.
 
     DAPO's clip-higher is ``eps_high = 0.28 > eps_low = 0.2``. ``delta`` (INTELLECT-2, TRL's ``delta``) caps the
-    unclipped ratio from above. Sources: PPO arXiv 1707.06347; GRPO arXiv 2402.03300; DAPO arXiv 2503.14476 (Eq. 10).
+    unclipped ratio from above. ``importance_sampling_level="sequence"`` takes one ratio per sequence
+    (:func:`importance_ratio`), whose loss every token of the sequence carries, as TRL does for any ``loss_type``.
+    Sources: PPO arXiv 1707.06347; GRPO arXiv 2402.03300; DAPO arXiv 2503.14476 (Eq. 10).
     """
-    ratio = torch.exp(logps - old_logps)
-    return _clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high, delta, stats)
+    ratio = importance_ratio(logps, old_logps, mask, importance_sampling_level)
+    return _clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high, delta, stats).expand_as(logps)
 
 
-@POLICY_LOSSES.register("cispo")
+@POLICY_LOSSES.register("cispo", sequence_level=True)
 def cispo_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     epsilon_high: float = 5.0,
+    importance_sampling_level: str = "token",
     stats: dict | None = None,
 ) -> torch.Tensor:
     """CISPO: ``l = -sg(min(rho, c)) * A * log pi``; every token keeps a gradient, only its weight is capped.
 
-    ``c = epsilon_high`` is an absolute cap on the ratio (TRL's semantics; the paper's ``1 + eps_high^IS``).
+    ``c = epsilon_high`` is an absolute cap on the ratio (TRL's semantics; the paper's ``1 + eps_high^IS``). With
+    ``importance_sampling_level="sequence"`` ``rho`` is the sequence ratio (TRL's option).
     Source: MiniMax-M1, arXiv 2506.13585 (Eq. 4-5); ``c = 5`` per ScaleRL as TRL documents.
     """
-    ratio = torch.exp(logps - old_logps)
+    ratio = importance_ratio(logps, old_logps, mask, importance_sampling_level)
     if stats is not None:
         stats["clip_ratio/high_mean"] = (ratio > epsilon_high) & (advantages > 0)
     return -torch.clamp(ratio, max=epsilon_high).detach() * advantages * logps
+
+
+@POLICY_LOSSES.register("sapo", sequence_level=True)
+def sapo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    importance_sampling_level: str = "token",
+    stats: dict | None = None,
+) -> torch.Tensor:
+    """SAPO's soft gate instead of a hard clip: ``l = -sigmoid(tau (rho - 1)) * 4 / tau * A``, ``tau =
+    sapo_temperature_pos`` where ``A > 0`` and ``sapo_temperature_neg`` otherwise.
+
+    At ``rho = 1`` the gate's gradient equals the unclipped surrogate's (``d/d rho = A``); far from 1 it fades
+    smoothly instead of dropping to zero. TRL's ``loss_type="sapo"`` (defaults ``tau_pos = 1.0``, ``tau_neg =
+    1.05``). Source: SAPO, Soft Adaptive Policy Optimization, arXiv 2511.20347.
+    """
+    ratio = importance_ratio(logps, old_logps, mask, importance_sampling_level)
+    temperature = torch.where(
+        advantages > 0,
+        torch.as_tensor(sapo_temperature_pos, dtype=ratio.dtype, device=ratio.device),
+        torch.as_tensor(sapo_temperature_neg, dtype=ratio.dtype, device=ratio.device),
+    )
+    gate = torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature
+    return (-gate * advantages).expand_as(logps)
+
+
+def vespo_weights(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    importance_sampling_ratio: torch.Tensor | None = None,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+) -> torch.Tensor:
+    """VESPO's gamma weight of each sequence, ``(B, 1)``, without gradient: ``phi(w) = e^lambda w^k e^(-lambda w)``
+    (so ``phi(1) = 1``), ``(k, lambda) = (k_pos, lambda_pos)`` where ``A >= 0`` else ``(k_neg, lambda_neg)``.
+
+    ``w`` is the sequence's importance ratio, the product over its tokens (a sum of log-ratios, each clamped to
+    ``[-20, 20]``), times the product of the rollout-mismatch ratios ``importance_sampling_ratio`` (TRL's vLLM
+    correction, ``(B, T)``) when given; ``log w`` is clamped to ``[log 1e-8, 20]`` and ``lambda`` to ``>= 1e-4``.
+    Computed in log space; a non-finite weight becomes 0. The clamps are TRL 1.16's (``GRPOTrainer.get_gamma_weights``,
+    which follows the authors' implementation). Source: VESPO, arXiv 2602.10693.
+    """
+    with torch.no_grad():
+        floor = math.log(1e-8)
+        log_ratio = torch.clamp((logps - old_logps).detach(), -20.0, 20.0)
+        log_w = (log_ratio * mask).sum(dim=-1, keepdim=True)
+        if importance_sampling_ratio is not None:
+            log_is = torch.clamp(torch.log(importance_sampling_ratio.detach()), floor, 20.0)
+            log_w = log_w + log_is.sum(dim=-1, keepdim=True)
+        log_w = torch.clamp(log_w, floor, 20.0)
+        nonnegative = advantages >= 0
+        k = torch.where(nonnegative, k_pos, k_neg).to(log_w.dtype)
+        lam = torch.where(nonnegative, lambda_pos, lambda_neg).to(log_w.dtype).clamp(min=1e-4)
+        log_phi = lam + k * log_w - lam * torch.exp(log_w)
+        return torch.exp(log_phi).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+# own_is_correction: the loss folds TRL's vLLM importance-sampling ratio into its own weight, so the trainer must not
+# multiply it on top (TRL skips that multiplication for loss_type="vespo" too). sequence_level: its ratio is always the
+# sequence's, whatever importance_sampling_level says (TRL accepts "sequence" with a warning).
+@POLICY_LOSSES.register("vespo", own_is_correction=True, sequence_level=True)
+def vespo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    importance_sampling_ratio: torch.Tensor | None = None,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
+    stats: dict | None = None,
+) -> torch.Tensor:
+    """VESPO: ``l = -sg(phi(w)) * A * log pi`` with the sequence's gamma weight ``phi(w)`` (:func:`vespo_weights`):
+    a smooth, asymmetric down-weighting of sequences whose importance ratio ``w`` left 1, in place of clipping.
+
+    TRL's ``loss_type="vespo"`` (defaults ``k_pos = 2, lambda_pos = 3, k_neg = 3, lambda_neg = 2``); the ratio is
+    always the sequence product (TRL warns when ``importance_sampling_level`` is not ``"token"``).
+    Source: VESPO, arXiv 2602.10693.
+    """
+    phi = vespo_weights(
+        logps,
+        old_logps,
+        advantages,
+        mask,
+        importance_sampling_ratio,
+        k_pos=vespo_k_pos,
+        lambda_pos=vespo_lambda_pos,
+        k_neg=vespo_k_neg,
+        lambda_neg=vespo_lambda_neg,
+    )
+    if stats is not None:
+        stats["vespo/phi_seq_mean"] = phi
+    return -phi * advantages * logps
 
 
 def dppo_divergence_mask(
@@ -291,16 +420,27 @@ def gspo_loss(
     mask: torch.Tensor,
     epsilon_low: float = 0.2,
     epsilon_high: float = 0.2,
+    delta: float | None = None,
     stats: dict | None = None,
 ) -> torch.Tensor:
     """GSPO: the clipped surrogate with the length-normalized sequence ratio ``s_i = exp(mean_t log rho_it)``.
 
     The sequence loss is broadcast to every token, so ``seq_mean_token_mean`` gives ``mean_i l_i`` (TRL's
-    ``importance_sampling_level="sequence"`` with ``loss_type="grpo"``). Source: GSPO, arXiv 2507.18071 (Eq. 7).
+    ``importance_sampling_level="sequence"`` with ``loss_type="grpo"``), and ``seq_mean_token_sum`` gives
+    ``mean_i |y_i| l_i`` (TRL's ``loss_type="luspo"``, LUSPO arXiv 2602.05261). This is ``clip`` with
+    ``importance_sampling_level="sequence"``. Source: GSPO, arXiv 2507.18071 (Eq. 7).
     """
-    lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1)
-    ratio = torch.exp(_sequence_log_ratio_sum(logps, old_logps, mask) / lengths)
-    return _clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high, None, stats).expand_as(logps)
+    return clip_loss(
+        logps,
+        old_logps,
+        advantages,
+        mask,
+        epsilon_low,
+        epsilon_high,
+        delta,
+        importance_sampling_level="sequence",
+        stats=stats,
+    )
 
 
 def required_inputs(name: str, **loss_kwargs: Any) -> frozenset[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,14 +39,28 @@ def informative_groups(rewards: torch.Tensor, num_generations: int) -> torch.Ten
     return (scored.sum(dim=1) >= 2) & (high > low)
 
 
-def group_pass_rates(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
-    """Share of each group's scored completions whose reward is ``> 0`` (``NaN`` for a group with none scored).
+#: The task-reward values for which "a pass is reward > 0" needs no threshold: a correctness reward (0/1, or -1/+1,
+#: or -1/0/1 with a penalty for unparsable answers).
+CORRECTNESS_REWARD_VALUES = (-1.0, 0.0, 1.0)
 
-    With a 0/1 (or ±1) correctness reward this is the prompt's pass rate, as ScaleRL's no-positive-resampling uses.
+
+def is_correctness_reward(rewards: torch.Tensor) -> bool:
+    """Whether every scored (non-``NaN``) value of ``rewards`` is in :data:`CORRECTNESS_REWARD_VALUES`."""
+    scored = rewards[~torch.isnan(rewards)]
+    allowed = torch.tensor(CORRECTNESS_REWARD_VALUES, dtype=scored.dtype, device=scored.device)
+    return bool(torch.isin(scored, allowed).all())
+
+
+def group_pass_rates(rewards: torch.Tensor, num_generations: int, threshold: float | None = None) -> torch.Tensor:
+    """Share of each group's scored completions that pass (``NaN`` for a group with none scored): task reward
+    ``>= threshold``, or ``> 0`` without a threshold.
+
+    With a 0/1 (or ±1) correctness reward and no threshold this is the prompt's pass rate, as ScaleRL's
+    no-positive-resampling uses.
     """
     grouped = grouped_rewards(rewards, num_generations)
     scored = ~torch.isnan(grouped)
-    passed = (grouped > 0) & scored
+    passed = ((grouped > 0) if threshold is None else (grouped >= threshold)) & scored
     counts = scored.sum(dim=1)
     rates = passed.sum(dim=1).to(torch.float64) / counts.clamp(min=1)
     return torch.where(counts > 0, rates, torch.full_like(rates, torch.nan))
@@ -232,12 +247,15 @@ def sample_groups(
 ) -> GroupPlan:
     """Run generation rounds with ``score_round(round_index, num_groups)`` as the strategy ``strategy`` asks, then
     choose the batch's ``target`` groups. The first round is a full batch (``target`` groups); an extra round has
-    ``next_round_groups(rounds so far)`` groups (a full batch when ``None``, as verl's DAPO generates). Every decision
+    ``next_round_groups(rounds so far)`` groups (a full batch when ``None``, as verl's DAPO generates; no more rounds
+    when it returns 0). Every decision
     reads only gathered rewards, so all processes take the same ones."""
     selection = GROUP_SELECTIONS.get(strategy)()
     rounds: list[SampledRound] = []
     for index in range(selection.rounds(max_rounds)):
         num_groups = target if index == 0 or next_round_groups is None else next_round_groups(rounds)
+        if num_groups <= 0:  # the sizer has no prompts left to offer (every prompt retired)
+            break
         rounds.append(score_round(index, num_groups))
         if selection.enough(rounds, target):
             break
@@ -344,11 +362,16 @@ class EpochRepeatSampler(Sampler[int]):
         keys = self.prompt_keys() if excluded and self.prompt_keys is not None else None
         eligible = eligible_indices(keys, excluded, self.num_samples)
         if not eligible:
-            raise RuntimeError(
+            # Normally the trainer stops at the end of the epoch that retired the last prompt; this is a run resumed
+            # after that point. An empty epoch ends training (the Trainer stops when an epoch yields no batch).
+            warnings.warn(
                 f"Every one of the {self.num_samples} training prompts has been retired by no-positive-resampling "
-                "(positive_resampling_threshold): there is nothing left to sample. Use more prompts, a higher "
-                "threshold, or fewer epochs."
+                f"(positive_resampling_threshold) before epoch {self.epoch}: there is nothing left to sample, so "
+                "training ends here.",
+                UserWarning,
+                stacklevel=2,
             )
+            return []
         generator = torch.Generator()
         generator.manual_seed(self.seed + self.epoch)
         order: list[int] = []
@@ -396,25 +419,32 @@ class PromptStream:
         self.passes = 0
         self.remaining: list[int] = []
 
-    def _new_pass(self) -> None:
+    def _eligible(self) -> list[int]:
         excluded = set(self.retired.epoch_of) if self.retired is not None else set()
         keys = self.prompt_keys() if excluded and self.prompt_keys is not None else None
-        eligible = eligible_indices(keys, excluded, self.num_samples)
-        if not eligible:
-            raise RuntimeError(
-                "Every training prompt has been retired by no-positive-resampling: dynamic sampling has no prompt "
-                "left to draw."
-            )
+        return eligible_indices(keys, excluded, self.num_samples)
+
+    def _new_pass(self) -> None:
+        eligible = self._eligible()
         generator = torch.Generator()
         generator.manual_seed(self.seed + 7919 * (self.passes + 1))  # streams of different passes do not overlap
         self.remaining = [eligible[i] for i in torch.randperm(len(eligible), generator=generator).tolist()]
         self.passes += 1
 
+    def has_prompts(self, count: int = 1) -> bool:
+        """Whether :meth:`take` can hand out ``count`` prompts: this pass has them left, or a new pass has a prompt
+        that is not retired (when every prompt is retired, dynamic sampling stops generating extra rounds)."""
+        return len(self.remaining) >= count or bool(self._eligible())
+
     def take(self, count: int) -> list[int]:
+        """The next ``count`` indices (over as many passes as needed). Raises a ``RuntimeError`` when every prompt is
+        retired (ask :meth:`has_prompts` first)."""
         taken: list[int] = []
         while len(taken) < count:
             if not self.remaining:
                 self._new_pass()
+                if not self.remaining:
+                    raise RuntimeError("Every training prompt has been retired: the extra-prompt stream is empty.")
             step = min(count - len(taken), len(self.remaining))
             taken.extend(self.remaining[:step])
             self.remaining = self.remaining[step:]
@@ -465,6 +495,14 @@ class PromptState:
         )
         return self.sampler
 
+    def prompts_left(self, epoch: int) -> bool:
+        """Whether any training prompt is still drawn in ``epoch`` (none is once no-positive-resampling has retired
+        every prompt in an earlier epoch)."""
+        excluded = self.retired.excluded_before(epoch)
+        if not excluded:
+            return True
+        return bool(eligible_indices(self.prompt_keys(), excluded, self.dataset_size()))
+
     @property
     def epoch(self) -> int | None:
         """The training sampler's epoch (``None`` before there is a sampler)."""
@@ -472,17 +510,41 @@ class PromptState:
 
     def state_dict(self) -> dict[str, Any]:
         return {
+            "format": 1,
             "retired_prompts": self.retired.state_dict(),
             "prompt_stream": None if self.stream is None else self.stream.state_dict(),
             "sampler_epoch": self.epoch,
+            "num_samples": None if self.stream is None else self.stream.num_samples,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> list[str]:
+        """Restore a saved state; returns what had to be re-derived because the dataset given now differs from the
+        one the state was saved with (empty when nothing did).
+
+        Retired prompts are keyed by content, so they stay valid whatever the dataset (keys not in it are never drawn).
+        The extra-prompt stream holds dataset indices: when the dataset's size changed, or an index is out of range,
+        it restarts with a fresh pass over the dataset given now (TRL's own sampler does the same on a resume with
+        another dataset: it simply samples the new one)."""
+        notes = []
         self.retired.load_state_dict(state["retired_prompts"])
-        if state.get("prompt_stream") is not None:
-            self.extra_prompts().load_state_dict(state["prompt_stream"])
+        saved_stream = state.get("prompt_stream")
+        if saved_stream is not None:
+            size = self.dataset_size()
+            saved_size = state.get("num_samples")
+            out_of_range = [i for i in saved_stream.get("remaining", []) if not 0 <= int(i) < size]
+            if (saved_size is not None and saved_size != size) or out_of_range:
+                was = f"{saved_size} prompts" if saved_size is not None else f"indices up to {max(out_of_range)}"
+                notes.append(
+                    f"the training dataset has {size} prompts, the checkpoint's extra-prompt stream was drawn from "
+                    f"{was}: the stream restarts with a new pass over the dataset given now"
+                )
+                self.stream = None
+                self.extra_prompts().passes = int(saved_stream.get("passes", 0))
+            else:
+                self.extra_prompts().load_state_dict(saved_stream)
         # The Trainer sets the epoch of a resumed epoch through the dataloader, but with several processes accelerate
         # wraps the sampler of a resumed (batch-skipping) dataloader one level deeper than the Trainer reaches, and the
         # sampler would replay epoch 0's order. The checkpoint's own epoch is restored here instead.
         if state.get("sampler_epoch") is not None and self.sampler is not None:
             self.sampler.set_epoch(state["sampler_epoch"])
+        return notes

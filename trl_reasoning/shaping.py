@@ -1,5 +1,6 @@
-"""Floor 0, reward shaping on a gathered batch: the combined and task rewards, the binary-reward check, RLOO's
-KL-in-reward. Pure tensors; the DAPO overlong penalty itself is :func:`trl_reasoning.rewards.overlong_penalty`.
+"""Floor 0, reward shaping on a gathered batch: the combined and task rewards (TRL's two multi-objective
+aggregations), reward clipping, the binary-reward check, RLOO's KL-in-reward. Pure tensors; the DAPO overlong penalty
+itself is :func:`trl_reasoning.rewards.overlong_penalty`.
 
 ``rewards_per_func`` is ``(N, n_funcs)``, gathered over processes, ``NaN`` where a function returned ``None``.
 """
@@ -10,7 +11,11 @@ from collections.abc import Sequence
 
 import torch
 
+from .advantages import nan_std
 from .rewards import RewardFunctionError, non_binary_reward_functions
+
+#: TRL's ``multi_objective_aggregation`` values: how several reward functions make one reward per completion.
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 def combined_rewards(
@@ -28,6 +33,34 @@ def combined_rewards(
     rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
     rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
     return rewards
+
+
+def normalize_then_sum_rewards(
+    rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int, epsilon: float = 1e-4
+) -> torch.Tensor:
+    """``(N,)`` TRL's ``multi_objective_aggregation="normalize_then_sum"`` before its final batch standardisation:
+    each reward function's outputs are standardised within each group, ``z_ik = (r_ik - mean_g,k) / (std_g,k +
+    eps)`` (``NaN`` ignored; ``std`` with Bessel's correction, ``0`` when ``num_generations == 1``), then summed with
+    the reward weights, ``r_i = sum_k w_k z_ik`` (a function that scored nothing in a group adds nothing). ``NaN``
+    where no function scored the completion. A function's scale then no longer decides its share of the advantage.
+    Source: TRL 1.16 ``GRPOTrainer._generate_and_score_completions`` (GDPO, decoupled group normalisation)."""
+    count = rewards_per_func.shape[1]
+    grouped = rewards_per_func.view(-1, num_generations, count)
+    mean = torch.nanmean(grouped, dim=1, keepdim=True)
+    std = nan_std(grouped, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(mean)
+    standardized = ((grouped - mean) / (std + epsilon)).view(-1, count)
+    rewards = (standardized * weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    return rewards
+
+
+def clip_rewards(rewards: torch.Tensor, clip_range: Sequence[float] | None) -> torch.Tensor:
+    """``rewards`` clamped to ``clip_range = (low, high)`` (unchanged when ``None``; ``NaN`` stays ``NaN``): TRL
+    ``RLOOConfig.reward_clip_range``, applied to the weighted sum before the KL penalty."""
+    if not clip_range:
+        return rewards
+    low, high = clip_range
+    return rewards.clamp(min=low, max=high)
 
 
 def check_binary_rewards(

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import logging
 import os
 import warnings
@@ -42,8 +41,10 @@ from trl.trainer.utils import add_fused_lm_head
 
 from ._warnings import user_stacklevel
 from .advantages import ADVANTAGE_ESTIMATORS
-from .aggregation import aggregate_loss
+from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
 from .batch import TrainBatch, batch_advantages_and_weights, left_padded, pad_value, stack_rows
+from .callbacks import StopWhenEveryPromptIsRetired
+from .checkpoints import SAMPLING_STATE_FILE, last_complete_checkpoint, read_sampling_state, write_json_atomically
 from .config import ReasoningConfig
 from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
 from .lm_head import cast_lm_head_to_fp32, unwrap_peft
@@ -63,11 +64,18 @@ from .sampling import (
     extra_round_groups,
     group_pass_rates,
     informative_groups,
+    is_correctness_reward,
     prompt_key,
     resolve_group_selection,
     sample_groups,
 )
-from .shaping import check_binary_rewards, combined_rewards, sequence_kl
+from .shaping import (
+    check_binary_rewards,
+    clip_rewards,
+    combined_rewards,
+    normalize_then_sum_rewards,
+    sequence_kl,
+)
 from .topk_forward import FORWARD_KEYS, TopKForwardMixin
 from .trl_mirror import k3_kl, masked_means_over_processes
 
@@ -199,10 +207,6 @@ def warn_if_trl_unsupported() -> None:
         )
 
 
-#: The file, in every checkpoint folder, that holds the sampling state (retired prompts, extra-prompt stream).
-SAMPLING_STATE_FILE = "trl_reasoning_sampling_state.json"
-
-
 class DynamicSamplingWarning(UserWarning):
     """Dynamic sampling ran out of generation rounds before the batch was full of informative groups."""
 
@@ -225,7 +229,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     _tag_names = ["trl", "trl-reasoning"]
     _name = "trl-reasoning"
 
-    def __init__(self, model, reward_funcs, args: ReasoningConfig | None = None, *more, **kwargs):
+    def __init__(self, model, reward_funcs=None, args: ReasoningConfig | None = None, *more, **kwargs):
         check_trl_private_api()
         args = self._checked_args(model, args)
         # TRL's cast_lm_head_to_fp32 fails on a PEFT model with tied embeddings (it reaches for
@@ -265,11 +269,22 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         ]
         self._task_reward_columns = self._resolve_task_reward_columns()
         self._group_selection = resolve_group_selection(self.args)
+        self._generates_extra_rounds = (
+            GROUP_SELECTIONS.get(self._group_selection)().rounds(self.args.max_num_gen_batches) > 1
+        )
+        self._warned_retirement_suspended = False
         self.last_train_batch: TrainBatch | None = None
         self._scored_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         # Sampling state (saved in checkpoints): ScaleRL's retired prompts and DAPO's extra-prompt stream.
         self._prompt_keys: list[str] | None = None
         self._prompt_state = PromptState(self.args.seed, lambda: len(self.train_dataset), self._dataset_prompt_keys)
+        if self.args.positive_resampling_threshold is not None and not isinstance(self.train_dataset, IterableDataset):
+            self.add_callback(
+                StopWhenEveryPromptIsRetired(
+                    lambda: self._prompt_state.prompts_left((self._prompt_state.epoch or 0) + 1),
+                    lambda: len(self.train_dataset),
+                )
+            )
         # Non-finite loss guard: compute_loss records each micro-batch, the optimizer's step reads it.
         self._nonfinite_guard = NonFiniteStepGuard(self.args.nonfinite_loss_patience)
         # DPPO top-K (TopKForwardMixin's defaults: LM head from the hidden states, no engine top-K): vLLM's own top-K
@@ -301,13 +316,12 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
                         "trainers generate from a 'prompt' column of text or chat messages; rename yours, e.g. "
                         "dataset.rename_column('question', 'prompt')."
                     )
-        generates_more = GROUP_SELECTIONS.get(self._group_selection)().rounds(self.args.max_num_gen_batches) > 1
         needs_indexing = [
             name
             for name, on in (
                 (
                     "dynamic_sampling" if self.args.dynamic_sampling else f"group_selection={self._group_selection!r}",
-                    generates_more,
+                    self._generates_extra_rounds,
                 ),
                 ("positive_resampling_threshold", self.args.positive_resampling_threshold is not None),
             )
@@ -429,12 +443,12 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             logged.pop()
         task_rewards = self._combined_rewards(rewards_per_func, self._task_reward_columns)
         self._metrics[mode]["task_reward"].append(torch.nanmean(task_rewards).nan_to_num(0.0).item())
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
         rewards = self._shaped_rewards(
-            self._combined_rewards(rewards_per_func), rewards_per_func, lengths, output, mode
+            self._combined_rewards(rewards_per_func, group_size=group_size), rewards_per_func, lengths, output, mode
         )
         if self._uses_topk_divergence:
             output.update(self._rollout_topk(output, mode))
-        group_size = self.num_generations if mode == "train" else self.num_generations_eval
         informative = informative_groups(task_rewards, group_size)
         return SampledRound(output, rewards, informative, task_rewards, completion_tokens=int(lengths.sum().item()))
 
@@ -481,6 +495,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             self.args.loss_aggregation,
             self.args.max_completion_length,
             active_groups,
+            normalize_advantages=self.args.normalize_advantages,
             reward_threshold=self.args.maxrl_reward_threshold,  # offered; taken by the estimators that declare it
         )
         if active_rows is not None:
@@ -559,16 +574,18 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         return rows
 
     def _extra_round_sizer(self, full_round: int):
-        """``sample_groups``' sizer of extra rounds: from the keep rate measured so far in the step, or ``None`` (a
-        full batch each round) with ``extra_round_size="full"``."""
-        if self.args.extra_round_size == "full":
-            return None
+        """``sample_groups``' sizer of extra rounds: from the keep rate measured so far in the step, or a full batch
+        each round with ``extra_round_size="full"``; 0 (no more rounds) once every prompt is retired."""
 
         def next_round_groups(rounds: list[SampledRound]) -> int:
-            kept = sum(int(r.informative.sum()) for r in rounds)
-            generated = sum(r.informative.numel() for r in rounds)
-            processes = self.accelerator.num_processes
-            return extra_round_groups(kept, generated, full_round, full_round, processes, self.num_generations)
+            if self.args.extra_round_size == "full":
+                groups = full_round
+            else:
+                kept = sum(int(r.informative.sum()) for r in rounds)
+                generated = sum(r.informative.numel() for r in rounds)
+                processes = self.accelerator.num_processes
+                groups = extra_round_groups(kept, generated, full_round, full_round, processes, self.num_generations)
+            return groups if self._prompt_state.extra_prompts().has_prompts(groups) else 0
 
         return next_round_groups
 
@@ -603,12 +620,37 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         threshold = self.args.positive_resampling_threshold
         if threshold is None:
             return
+        pass_threshold = self.args.task_pass_threshold
+        if pass_threshold is None and not is_correctness_reward(task_rewards):
+            self._suspend_retirement(task_rewards)
+            return
         keys = gather_object([prompt_key(row.get("prompt")) for row in inputs])
-        rates = group_pass_rates(task_rewards, self.num_generations)
+        rates = group_pass_rates(task_rewards, self.num_generations, pass_threshold)
         epoch = self._prompt_state.epoch if self._prompt_state.epoch is not None else int(self.state.epoch or 0)
         for group, rate in enumerate(rates.tolist()):
             if rate >= threshold:
                 self._retired_prompts.retire(keys[group * self.num_generations], epoch)
+
+    def _suspend_retirement(self, task_rewards: torch.Tensor) -> None:
+        """A task reward that is not a correctness reward has no pass without ``task_pass_threshold``: retire nothing
+        (as TRL, which never retires), say so once, and count the batches in a metric."""
+        self._metrics["train"]["group_selection/retirement_suspended"].append(1.0)
+        if self._warned_retirement_suspended:
+            return
+        self._warned_retirement_suspended = True
+        scored = task_rewards[~torch.isnan(task_rewards)]
+        example = scored[~torch.isin(scored, torch.tensor([-1.0, 0.0, 1.0], dtype=scored.dtype))][:1].tolist()
+        names = [n for n, on in zip(self.reward_func_names, self._task_reward_columns.tolist(), strict=True) if on]
+        warnings.warn(
+            f"No-positive-resampling (positive_resampling_threshold={self.args.positive_resampling_threshold}) "
+            f"retires a prompt when enough of its completions pass, and without task_pass_threshold a pass is a "
+            f"task reward > 0, which only a correctness reward (values in -1, 0, 1) defines. The task reward "
+            f"({', '.join(names)}) returned {example[0] if example else 'other values'}, so no prompt is retired "
+            "(training goes on over every prompt, as in TRL). Set task_pass_threshold (e.g. 1.0 for a score in [0, 1] "
+            "where 1 is a full pass) to retire prompts, or positive_resampling_threshold=None to silence this.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
 
     def _log_sampling_metrics(self, plan: GroupPlan) -> None:
         metrics = self._metrics["train"]
@@ -648,36 +690,90 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
 
     # ------------------------------------------------------------------ TRL private overrides 5 and 6 of 6
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+        # The sampling state goes in first, atomically: the Trainer writes trainer_state.json last (then starts the hub
+        # push), so a checkpoint whose trainer_state.json reads always holds its whole sampling state.
         if self.args.should_save:
             folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            with open(os.path.join(folder, SAMPLING_STATE_FILE), "w") as f:
-                json.dump(self.sampling_state_dict(), f)
+            write_json_atomically(os.path.join(folder, SAMPLING_STATE_FILE), self.sampling_state_dict())
+        super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
-            path = os.path.join(checkpoint, SAMPLING_STATE_FILE)
-            if os.path.exists(path):
-                with open(path) as f:
-                    self.load_sampling_state_dict(json.load(f))
+            self._restore_sampling_state(checkpoint)
+
+    def _restore_sampling_state(self, checkpoint: str) -> None:
+        """Load ``checkpoint``'s sampling state; a damaged file is a ``SamplingStateError`` naming it, a missing one
+        (a checkpoint copied by hand, or written by TRL's own trainer) a warning when this run has state to lose."""
+        path = os.path.join(checkpoint, SAMPLING_STATE_FILE)
+        state = read_sampling_state(checkpoint)
+        if state is None:
+            losing = [
+                what
+                for what, on in (
+                    (
+                        "the prompts no-positive-resampling retired",
+                        self.args.positive_resampling_threshold is not None,
+                    ),
+                    ("dynamic sampling's extra-prompt stream", self._generates_extra_rounds),
+                    ("the prompt sampler's epoch", self.accelerator.num_processes > 1),
+                )
+                if on
+            ]
+            if losing:
+                warnings.warn(
+                    f"{path} is missing, so this resume starts without {' and '.join(losing)} (they restart as in a "
+                    "new run). If the checkpoint was copied, copy that file with it to resume exactly.",
+                    UserWarning,
+                    stacklevel=user_stacklevel(),
+                )
+            return
+        for note in self.load_sampling_state_dict(state):
+            warnings.warn(f"{path}: {note}.", UserWarning, stacklevel=user_stacklevel())
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        """``Trainer.train``, where ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint of
+        ``output_dir`` (one cut off mid-write is passed over with a warning) instead of the highest-numbered folder."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = self._last_complete_checkpoint()
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _last_complete_checkpoint(self) -> str:
+        folder, skipped = last_complete_checkpoint(self.args.output_dir)
+        for passed_over, problem in skipped:
+            warnings.warn(
+                f"resume_from_checkpoint=True passes over {passed_over}: {problem}. "
+                + (f"Resuming from {folder} instead." if folder is not None else ""),
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
+        if folder is None:
+            raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
+        return str(folder)
 
     def sampling_state_dict(self) -> dict[str, Any]:
         """The sampling state a checkpoint keeps: retired prompts, the dynamic-sampling prompt stream and the epoch the
         prompt sampler is in (see ``sampling.PromptState``)."""
         return self._prompt_state.state_dict()
 
-    def load_sampling_state_dict(self, state: dict[str, Any]) -> None:
-        self._prompt_state.load_state_dict(state)
+    def load_sampling_state_dict(self, state: dict[str, Any]) -> list[str]:
+        """Restore :meth:`sampling_state_dict`'s output; returns what was re-derived because the dataset changed."""
+        return self._prompt_state.load_state_dict(state)
 
-    def _combined_rewards(self, rewards_per_func, columns: torch.Tensor | None = None) -> torch.Tensor:
+    def _combined_rewards(
+        self, rewards_per_func, columns: torch.Tensor | None = None, group_size: int | None = None
+    ) -> torch.Tensor:
+        """The reward of each completion: the weighted sum of the ``columns`` reward functions (the task reward), or,
+        without ``columns``, TRL's ``multi_objective_aggregation`` of all of them over groups of ``group_size``."""
+        if columns is None and self.args.multi_objective_aggregation == "normalize_then_sum":
+            return normalize_then_sum_rewards(rewards_per_func, self.reward_weights, group_size)
         return combined_rewards(rewards_per_func, self.reward_weights, columns)
 
     def _shaped_rewards(self, combined, rewards_per_func, lengths, output, mode) -> torch.Tensor:
         """The ``combined`` reward with the configured shaping (MaxRL binary check, DAPO overlong penalty, RLOO KL
         penalty)."""
         args = self.args
-        rewards = combined.clone()
+        rewards = clip_rewards(combined.clone(), args.reward_clip_range)
         if (
             ADVANTAGE_ESTIMATORS.trait(args.advantage_estimator, "binary_rewards")
             and args.maxrl_reward_threshold is None
@@ -741,13 +837,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         per_token_loss, per_token_kl, stats = self._per_token_objective(
             inputs, per_token_logps, topk_logps, mask, entropy_mask
         )
-        # w_i were fixed on the whole generation batch. Gradient accumulation sums micro-batch gradients and DDP
-        # averages over processes, so the factor makes one optimizer step follow the gradient of that batch's loss
-        # (scaled by steps_per_generation / GA when one generation batch feeds several optimizer steps, as TRL does).
-        scale = float(self.accelerator.num_processes)
-        if mode == "train":
-            scale *= self.args.steps_per_generation / self.current_gradient_accumulation_steps
-        loss = aggregate_loss(per_token_loss, mask, weights=inputs["loss_weights"]) * scale
+        weights, scale = self._loss_weights_and_scale(inputs, mask, mode)
+        loss = aggregate_loss(per_token_loss, mask, weights=weights) * scale
         policy_loss = loss.detach()
         if self._entropy_bonus_enabled:
             loss = loss - self._entropy_bonus(entropies, mask if entropy_mask is None else mask * entropy_mask, mode)
@@ -757,6 +848,26 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather(aux_loss.detach()).mean().item())
         self._log_loss_metrics(mode, mask, entropies, stats, policy_loss, per_token_kl)
         return loss
+
+    def _loss_weights_and_scale(self, inputs, mask, mode: str) -> tuple[torch.Tensor, float]:
+        """The weights ``w_i`` of this micro-batch's rows and the factor on ``sum_i w_i sum_t l_it m_it``.
+
+        ``w_i`` were fixed on the whole generation batch. Gradient accumulation sums micro-batch gradients and DDP
+        averages over processes, so the factor makes one optimizer step follow the gradient of that batch's loss
+        (scaled by steps_per_generation / GA when one generation batch feeds several optimizer steps, as TRL does).
+        An aggregation registered ``per_micro_batch`` (TRL's bnpo) takes its weights from this micro-batch and is only
+        divided by the accumulation steps, as TRL does."""
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
+        aggregation = self.args.loss_aggregation
+        if AGGREGATIONS.trait(aggregation, "per_micro_batch", False):
+            weights = completion_weights(
+                mask.sum(dim=1), aggregation, self.num_generations, self.args.max_completion_length
+            )
+            return weights, 1.0 / accumulation
+        scale = float(self.accelerator.num_processes)
+        if mode == "train":
+            scale *= self.args.steps_per_generation / accumulation
+        return inputs["loss_weights"], scale
 
     def _per_token_objective(self, inputs, per_token_logps, topk_logps, mask, entropy_mask):
         """The configured policy loss per token, with TRL's token masks and (unless it is in the reward) TRL's k3 KL
@@ -826,10 +937,12 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             )
         if entropy_mask is not None:
             per_token_loss = per_token_loss * entropy_mask
+        loss = self.args.policy_loss
         if (
             self.use_vllm
             and self.vllm_importance_sampling_correction
-            and not POLICY_LOSSES.trait(self.args.policy_loss, "ratio_to_rollout", False)
+            and not POLICY_LOSSES.trait(loss, "ratio_to_rollout", False)
+            and not POLICY_LOSSES.trait(loss, "own_is_correction", False)
         ):
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
         return per_token_loss
@@ -865,6 +978,14 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             "is_cap": args.dppo_is_cap,
             "rollout_topk_logps": inputs.get("rollout_topk_logps"),
             "topk_logps": topk_logps,
+            "importance_sampling_level": args.importance_sampling_level,
+            "importance_sampling_ratio": inputs.get("importance_sampling_ratio"),
+            "sapo_temperature_pos": args.sapo_temperature_pos,
+            "sapo_temperature_neg": args.sapo_temperature_neg,
+            "vespo_k_pos": args.vespo_k_pos,
+            "vespo_lambda_pos": args.vespo_lambda_pos,
+            "vespo_k_neg": args.vespo_k_neg,
+            "vespo_lambda_neg": args.vespo_lambda_neg,
         }
         return POLICY_LOSSES.kwargs_for(args.policy_loss, available)
 

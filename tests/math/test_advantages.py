@@ -15,7 +15,7 @@ from trl_reasoning.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, n
 
 NAN = float("nan")
 EPS = 1e-4
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "maxrl", "batch", "scalerl")
+ESTIMATORS = ("grpo", "dr_grpo", "rloo", "maxrl", "batch", "scalerl", "batch_zscore")
 
 
 def t64(values):
@@ -113,6 +113,51 @@ def test_maxrl_threshold_binarizes():
     check(compute_advantages(t64([0.7, 0.2, 0.5, 0.1]), 4, "maxrl", reward_threshold=0.5), [1, -1, 1, -1])
     # threshold 0: [3, NaN, -2, 0.25] -> [1, NaN, 0, 1], p = 2/3 -> A = (1/3) / (2/3) = 0.5, (-2/3) / (2/3) = -1.
     check(compute_advantages(t64([3.0, NAN, -2.0, 0.25]), 4, "maxrl", reward_threshold=0.0), [0.5, 0, -1, 0.5])
+
+
+def test_batch_zscore_centres_and_scales_on_the_whole_batch():
+    # rewards [1, 3 | 2, 6]: batch mean 3, Bessel std sqrt((4 + 0 + 1 + 9) / 3) = sqrt(14/3). No group baseline.
+    std = math.sqrt(14 / 3)
+    check(compute_advantages(t64([1, 3, 2, 6]), 2, "batch_zscore"), [(r - 3) / (std + EPS) for r in (1, 3, 2, 6)])
+    # NaN is left out of both statistics and gets 0: [1, NaN | 2, 6] -> mean 3, std sqrt((4 + 1 + 9) / 2)
+    std = math.sqrt(7)
+    check(
+        compute_advantages(t64([1, NAN, 2, 6]), 2, "batch_zscore"),
+        [-2 / (std + EPS), 0, -1 / (std + EPS), 3 / (std + EPS)],
+    )
+
+
+def test_normalize_standardises_the_estimators_advantages_over_the_batch():
+    # TRL RLOOConfig.normalize_advantages: rloo advantages of [0, 1 | 1, 1] are [-1, 1, 0, 0] (G/(G-1) * centred);
+    # mean 0, std sqrt(2/3).
+    std = math.sqrt(2 / 3)
+    expected = [-1 / (std + EPS), 1 / (std + EPS), 0.0, 0.0]
+    check(compute_advantages(t64([0, 1, 1, 1]), 2, "rloo", normalize=True), expected)
+    # Unscorable rows stay out of the statistics and end at 0: rloo of [0, 1 | NaN, 1] is [-1, 1, NaN, NaN] (the
+    # last has no scorable sibling); over [-1, 1]: mean 0, std sqrt(2).
+    std = math.sqrt(2)
+    check(
+        compute_advantages(t64([0, 1, NAN, 1]), 2, "rloo", normalize=True), [-1 / (std + EPS), 1 / (std + EPS), 0, 0]
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "dr_grpo"])
+def test_normalize_matches_reference_on_random_rewards(estimator, seed):
+    rewards, num_generations = random_rewards(seed, binary=False)
+    raw = reference_advantages(rewards.tolist(), num_generations, estimator)
+    # the reference's unscorable rows (NaN reward, or rloo without a scorable sibling) are 0 there; leave them out
+    values = rewards.tolist()
+    grouped = [values[i : i + num_generations] for i in range(0, len(values), num_generations)]
+    scorable = []
+    for group in grouped:
+        count = sum(not math.isnan(r) for r in group)
+        scorable += [not math.isnan(r) and (estimator != "rloo" or count >= 2) for r in group]
+    kept = [a for a, ok in zip(raw, scorable) if ok]
+    mean = sum(kept) / len(kept)
+    std = math.sqrt(sum((a - mean) ** 2 for a in kept) / (len(kept) - 1))
+    expected = [(a - mean) / (std + EPS) if ok else 0.0 for a, ok in zip(raw, scorable)]
+    check(compute_advantages(rewards, num_generations, estimator, normalize=True), expected)
 
 
 def test_batch_normalizes_by_the_std_of_the_whole_batch():
@@ -244,7 +289,9 @@ def reference_advantages(rewards, num_generations, estimator, threshold=None):
                 out.append((r - mean) / (batch_std + EPS))
             elif estimator == "scalerl":
                 out.append((r - mean) / (centred_std + EPS))
-    return out
+            elif estimator == "batch_zscore":
+                out.append((r - mean_all) / (batch_std + EPS) if len(scored_all) >= 2 else float("nan"))
+    return [0.0 if math.isnan(a) else a for a in out]
 
 
 def random_rewards(seed, binary):
@@ -265,7 +312,7 @@ def random_rewards(seed, binary):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo", "batch", "scalerl"])
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo", "batch", "scalerl", "batch_zscore"])
 def test_matches_reference_on_random_rewards(estimator, seed):
     rewards, num_generations = random_rewards(seed, binary=False)
     expected = reference_advantages(rewards.tolist(), num_generations, estimator)

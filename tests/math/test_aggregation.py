@@ -13,7 +13,14 @@ from torch.testing import assert_close
 
 from trl_reasoning.aggregation import AGGREGATIONS, aggregate_loss, completion_weights
 
-MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "seq_mean_token_sum", "prompt_mean")
+MODES = (
+    "token_mean",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum_norm",
+    "seq_mean_token_sum",
+    "prompt_mean",
+    "micro_batch_token_mean",
+)
 TIGHT = {"rtol": 1e-10, "atol": 1e-12}
 
 
@@ -32,6 +39,7 @@ HAND_WEIGHTS = {
     "seq_mean_token_sum_norm": [1 / 16] * 4,  # 1 / (N L_max) = 1 / (4 * 4)
     "seq_mean_token_sum": [1 / 4] * 4,  # 1 / N
     "prompt_mean": [1 / 4, 1 / 4, 1 / 8, 1 / 8],  # 1 / (P * group tokens): 1 / (2 * (2 + 0)), 1 / (2 * (3 + 1))
+    "micro_batch_token_mean": [1 / 6] * 4,  # token_mean over the rows it is given (here: the whole "micro-batch")
 }
 # Per-token losses; only the first |y_i| tokens of each row are unmasked. Row sums: 1 + 2 = 3, 0, 3 + 1 + 2 = 6, 4.
 PER_TOKEN = [[1, 2, 9], [5, 5, 5], [3, 1, 2], [4, 7, 7]]
@@ -41,6 +49,7 @@ HAND_LOSS = {
     "seq_mean_token_sum_norm": 0.8125,  # 13 / 16
     "seq_mean_token_sum": 3.25,  # 13 / 4
     "prompt_mean": 2.0,  # group 1: (3 + 0) / 2 = 1.5; group 2: (6 + 4) / 4 = 2.5; mean over prompts = 2
+    "micro_batch_token_mean": 13 / 6,  # token_mean of the rows given
 }
 
 
@@ -83,6 +92,19 @@ def test_prompt_mean_weighs_prompts_equally_despite_unequal_token_counts():
     assert_close(loss, t64(1.0), **TIGHT)
     weights = completion_weights(mask.sum(-1), "prompt_mean", num_generations=2)
     assert_close(weights, t64([1 / 4, 1 / 4, 1 / 40, 1 / 40]), **TIGHT)  # 1 / (2 * 2), 1 / (2 * 20)
+
+
+def test_micro_batch_token_mean_depends_on_the_split_and_only_it_is_registered_per_micro_batch():
+    # TRL's bnpo: each micro-batch is normalised by its own tokens. Split the hand batch into rows {0, 1} (2 tokens)
+    # and {2, 3} (4 tokens): the summed micro-batch losses (3 + 0) / 2 + (6 + 4) / 4 = 4.0, not the batch mean 13/6.
+    mask = hand_mask()
+    halves = [slice(0, 2), slice(2, 4)]
+    split_total = sum(
+        aggregate_loss(t64(PER_TOKEN)[rows], mask[rows], "micro_batch_token_mean").item() for rows in halves
+    )
+    assert math.isclose(split_total, 4.0)
+    per_micro_batch = [m for m in AGGREGATIONS.names() if AGGREGATIONS.trait(m, "per_micro_batch", False)]
+    assert per_micro_batch == ["micro_batch_token_mean"]
 
 
 def test_explicit_weights_are_used_as_given():
@@ -132,7 +154,7 @@ def reference_weights(counts, mode, num_generations, max_completion_length):
     num_prompts = n // num_generations
     out = []
     for i, c in enumerate(counts):
-        if mode == "token_mean":
+        if mode in ("token_mean", "micro_batch_token_mean"):  # the rows given are the micro-batch
             out.append(1 / sum(counts))
         elif mode == "seq_mean_token_mean":
             out.append(1 / (n * c) if c else 0.0)

@@ -15,7 +15,7 @@ from torch.testing import assert_close
 from trl_reasoning.aggregation import aggregate_loss
 from trl_reasoning.losses import POLICY_LOSSES, compute_policy_loss, dppo_divergence_mask
 
-LOSSES = ("clip", "cispo", "dppo", "sequence_clip", "gspo")
+LOSSES = ("clip", "cispo", "dppo", "sequence_clip", "gspo", "sapo", "vespo")
 TIGHT = {"rtol": 1e-10, "atol": 1e-12}
 
 
@@ -268,6 +268,64 @@ def test_gspo_broadcasts_the_sequence_loss_to_every_token():
     assert stats["clip_ratio/high_mean"].tolist() == [[True], [False]]
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# sapo, vespo and the sequence-level ratio
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("adv", [1.0, -2.0])
+def test_sapo_on_policy_gate_and_gradient(adv):
+    # rho = 1: gate = sigmoid(0) * 4 / tau = 2 / tau, so l = -2 A / tau; its gradient -A sigmoid'(0) tau (4 / tau) rho
+    # = -A for either temperature (the gate matches the unclipped surrogate at rho = 1).
+    tau = 1.0 if adv > 0 else 1.05
+    out, g = loss_and_grad("sapo", logs([[0.3]]), logs([[0.3]]), t64([adv]), t64([[1.0]]))
+    assert_close(out, t64([[-2 * adv / tau]]), **TIGHT)
+    assert_close(g, t64([[-adv]]), **TIGHT)
+
+
+def test_sapo_gate_fades_far_from_one_instead_of_cutting():
+    # rho = 3, A = 1, tau = 1: gate = 4 sigmoid(2) = 3.52318831; gradient -A * rho * 4 sigmoid(2)(1 - sigmoid(2)),
+    # small but not 0 (a hard clip gives exactly 0 here).
+    sig = 1 / (1 + math.exp(-2.0))
+    out, g = loss_and_grad("sapo", logs([[0.6]]), logs([[0.2]]), t64([1.0]), t64([[1.0]]))
+    assert_close(out, t64([[-4 * sig]]), **TIGHT)
+    assert_close(g, t64([[-3 * 4 * sig * (1 - sig)]]), **TIGHT)
+
+
+def test_vespo_weight_is_one_on_policy_and_gamma_shaped_off_it():
+    # On-policy w = 1: phi = e^lam * 1 * e^-lam = 1, so l = -A log pi (REINFORCE), gradient -A.
+    out, g = loss_and_grad("vespo", logs([[0.5, 0.5]]), logs([[0.5, 0.5]]), t64([2.0]), t64([[1.0, 1.0]]))
+    assert_close(out, t64([[-2.0 * math.log(0.5)] * 2]), **TIGHT)
+    assert_close(g, t64([[-2.0, -2.0]]), **TIGHT)
+    # w = rho_1 rho_2 = 2 * 1 = 2 with A > 0 (k = 2, lam = 3): phi = e^3 * 4 * e^-6 = 4 e^-3; gradient -phi * A.
+    stats = {}
+    out, g = loss_and_grad("vespo", logs([[0.8, 0.5]]), logs([[0.4, 0.5]]), t64([1.0]), t64([[1.0, 1.0]]), stats=stats)
+    phi = 4 * math.exp(-3)
+    assert_close(g, t64([[-phi, -phi]]), **TIGHT)
+    assert_close(stats["vespo/phi_seq_mean"], t64([[phi]]), **TIGHT)
+    # The rollout-mismatch ratio multiplies w: IS ratios (1, 0.5) halve it back to 1, so phi = 1.
+    out, g = loss_and_grad(
+        "vespo",
+        logs([[0.8, 0.5]]),
+        logs([[0.4, 0.5]]),
+        t64([1.0]),
+        t64([[1.0, 1.0]]),
+        importance_sampling_ratio=t64([[1.0, 0.5]]),
+    )
+    assert_close(g, t64([[-1.0, -1.0]]), **TIGHT)
+
+
+def test_sequence_level_ratio_is_the_exp_of_the_mean_log_ratio_over_the_mask():
+    from trl_reasoning.losses import importance_ratio
+
+    # log-ratios (log 2, log 8, anything) with mask (1, 1, 0): exp((log 2 + log 8) / 2) = exp(log 4) = 4.
+    ratio = importance_ratio(logs([[0.4, 0.8, 0.9]]), logs([[0.2, 0.1, 0.1]]), t64([[1, 1, 0]]), "sequence")
+    assert ratio.shape == (1, 1)
+    assert_close(ratio, t64([[4.0]]), **TIGHT)
+    with pytest.raises(ValueError, match="importance_sampling_level"):
+        importance_ratio(logs([[0.4]]), logs([[0.2]]), t64([[1]]), "batch")
+
+
 def test_unknown_loss_lists_the_allowed_names():
     with pytest.raises(ValueError, match="Allowed values") as info:
         compute_policy_loss("ppo", logs([[0.5]]), logs([[0.5]]), t64([1.0]), t64([[1.0]]))
@@ -318,9 +376,37 @@ def reference_per_token_loss(name, logps, old_logps, advantages, mask, **kw):
     n, t = logps.shape
     old, adv, m = old_logps.tolist(), advantages.tolist(), mask.tolist()
     rows = []
+    level = kw.get("importance_sampling_level", "token")
     for i in range(n):
         a = adv[i]
         count = sum(m[i])
+        if name == "vespo":
+            # phi(w) = e^lam w^k e^(-lam w), w = prod_t rho_t (each log-ratio clamped to [-20, 20]), log w clamped to
+            # [log 1e-8, 20]; (k, lam) by the advantage's sign; a stop-gradient weight (a Python float).
+            log_w = sum(min(max(logps[i, k].item() - old[i][k], -20.0), 20.0) * m[i][k] for k in range(t))
+            log_w = min(max(log_w, math.log(1e-8)), 20.0)
+            k_, lam = (kw.get("vespo_k_pos", 2.0), kw.get("vespo_lambda_pos", 3.0))
+            if a < 0:
+                k_, lam = (kw.get("vespo_k_neg", 3.0), kw.get("vespo_lambda_neg", 2.0))
+            phi = math.exp(lam + k_ * log_w - lam * math.exp(log_w))
+            rows.append([-phi * a * logps[i, k] for k in range(t)])
+            continue
+        if level == "sequence" and name in ("clip", "cispo", "sapo"):
+            seq_log_ratio = sum(
+                ((logps[i, k] - old[i][k]) * m[i][k] for k in range(t)), torch.zeros((), dtype=torch.float64)
+            ) / max(count, 1)
+            rho = torch.exp(seq_log_ratio)
+            if name == "clip":
+                clipped = torch.clamp(rho, 1 - kw.get("epsilon_low", 0.2), 1 + kw.get("epsilon_high", 0.2))
+                unclipped = rho if kw.get("delta") is None else torch.clamp(rho, max=kw["delta"])
+                rows.append([-torch.minimum(unclipped * a, clipped * a)] * t)
+            elif name == "sapo":
+                tau = kw.get("sapo_temperature_pos", 1.0) if a > 0 else kw.get("sapo_temperature_neg", 1.05)
+                rows.append([-torch.sigmoid(tau * (rho - 1)) * 4 / tau * a] * t)
+            else:
+                w = min(rho.item(), kw.get("epsilon_high", 5.0))
+                rows.append([-w * a * logps[i, k] for k in range(t)])
+            continue
         if name in ("sequence_clip", "gspo"):
             log_ratio = sum(
                 ((logps[i, k] - old[i][k]) * m[i][k] for k in range(t)), torch.zeros((), dtype=torch.float64)
@@ -329,7 +415,8 @@ def reference_per_token_loss(name, logps, old_logps, advantages, mask, **kw):
                 log_ratio = log_ratio / max(count, 1)
             rho = torch.exp(log_ratio)
             clipped = torch.clamp(rho, 1 - kw.get("epsilon_low", 0.2), 1 + kw.get("epsilon_high", 0.2))
-            seq_loss = -torch.minimum(rho * a, clipped * a)
+            unclipped = rho if kw.get("delta") is None else torch.clamp(rho, max=kw["delta"])
+            seq_loss = -torch.minimum(unclipped * a, clipped * a)
             if name == "gspo":
                 rows.append([seq_loss] * t)  # broadcast to every position
             else:
@@ -346,6 +433,10 @@ def reference_per_token_loss(name, logps, old_logps, advantages, mask, **kw):
             elif name == "cispo":
                 w = min(math.exp(lp.item() - old[i][k]), kw.get("epsilon_high", 5.0))  # sg(min(rho, c))
                 row.append(-w * a * lp)
+            elif name == "sapo":
+                rho = torch.exp(lp - old[i][k])
+                tau = kw.get("sapo_temperature_pos", 1.0) if a > 0 else kw.get("sapo_temperature_neg", 1.05)
+                row.append(-torch.sigmoid(tau * (rho - 1)) * 4 / tau * a)
             elif name == "dppo":
                 mu_log = kw["rollout_logps"][i][k]
                 mu_log = old[i][k] if math.isnan(mu_log) else mu_log
@@ -376,6 +467,19 @@ LOSS_CONFIGS = [
     pytest.param("sequence_clip", {"epsilon_low": 0.1, "epsilon_high": 0.3}, id="sequence_clip-asym"),
     pytest.param("gspo", {}, id="gspo"),
     pytest.param("gspo", {"epsilon_low": 0.05, "epsilon_high": 0.1}, id="gspo-narrow"),
+    pytest.param("gspo", {"delta": 1.1}, id="gspo-delta"),
+    pytest.param("clip", {"importance_sampling_level": "sequence"}, id="clip-sequence"),
+    pytest.param("clip", {"importance_sampling_level": "sequence", "delta": 1.1}, id="clip-sequence-delta"),
+    pytest.param("cispo", {"importance_sampling_level": "sequence", "epsilon_high": 1.05}, id="cispo-sequence"),
+    pytest.param("sapo", {}, id="sapo"),
+    pytest.param("sapo", {"sapo_temperature_pos": 2.0, "sapo_temperature_neg": 0.5}, id="sapo-temperatures"),
+    pytest.param("sapo", {"importance_sampling_level": "sequence"}, id="sapo-sequence"),
+    pytest.param("vespo", {}, id="vespo"),
+    pytest.param(
+        "vespo",
+        {"vespo_k_pos": 1.0, "vespo_lambda_pos": 0.5, "vespo_k_neg": 4.0, "vespo_lambda_neg": 5.0},
+        id="vespo-custom",
+    ),
 ]
 
 
@@ -463,7 +567,11 @@ def test_losses_declare_what_they_need_instead_of_the_trainer_naming_them():
     assert required_inputs("dppo", divergence="topk_tv") == {"rollout_topk_logps"}
     assert required_inputs("dppo", divergence="binary_kl") == frozenset()
     assert all(required_inputs(name) == frozenset() for name in POLICY_LOSSES.names() if name != "dppo")
-    # Only DPPO's ratio is taken against the rollout engine (TRL's vLLM correction must not apply twice).
+    # Only DPPO's ratio is taken against the rollout engine, and only VESPO folds TRL's vLLM correction into its own
+    # weight: for both, the trainer must not apply that correction a second time.
     assert [n for n in POLICY_LOSSES.names() if POLICY_LOSSES.trait(n, "ratio_to_rollout", False)] == ["dppo"]
+    assert [n for n in POLICY_LOSSES.names() if POLICY_LOSSES.trait(n, "own_is_correction", False)] == ["vespo"]
+    sequence_capable = {n for n in POLICY_LOSSES.names() if POLICY_LOSSES.trait(n, "sequence_level", False)}
+    assert sequence_capable == {"clip", "cispo", "sapo", "vespo"}
     with pytest.raises(ValueError, match="Unknown policy loss 'ppo'"):
         POLICY_LOSSES.trait("ppo", "ratio_to_rollout")

@@ -24,6 +24,7 @@ from trl_reasoning.sampling import (
     group_pass_rates,
     group_selection_name,
     informative_groups,
+    is_correctness_reward,
     prompt_key,
     sample_groups,
     select_groups,
@@ -130,16 +131,29 @@ def test_retired_prompts_leave_later_epochs_and_the_length_stays_fixed():
             assert sorted(set(order)) == list(range(8))
 
 
-def test_every_prompt_retired_is_a_clear_error():
+def test_every_prompt_retired_gives_an_empty_epoch_with_a_warning_not_an_error():
+    # (The trainer stops at the end of the epoch that retired the last prompt; an empty epoch only happens when a run
+    # is resumed past that point, and the Trainer ends training on an epoch without batches.)
     retired = RetiredPrompts()
     for key in ("a", "b"):
         retired.retire(key, 0)
     sampler = EpochRepeatSampler(
         num_samples=2, mini_repeat_count=2, batch_size=1, seed=0, retired=retired, prompt_keys=lambda: ["a", "b"]
     )
+    assert len(list(sampler)) == 4  # epoch 0 still has both (they were retired during it)
     sampler.set_epoch(1)
-    with pytest.raises(RuntimeError, match="Every one of the 2 training prompts has been retired"):
-        list(sampler)
+    with pytest.warns(UserWarning, match="Every one of the 2 training prompts has been retired"):
+        assert list(sampler) == []
+
+
+def test_prompt_state_says_whether_prompts_are_left_for_an_epoch():
+    state = PromptState(0, lambda: 3, lambda: ["a", "b", "c"])
+    assert state.prompts_left(5)
+    for key in ("a", "b"):
+        state.retired.retire(key, 2)
+    assert state.prompts_left(3)
+    state.retired.retire("c", 3)
+    assert state.prompts_left(3) and not state.prompts_left(4)
 
 
 def test_sampler_rejects_a_dataset_smaller_than_a_batch():
@@ -174,7 +188,8 @@ def test_prompt_stream_skips_retired_prompts_from_its_next_pass():
     retired.retire("c", 0)
     retired.retire("d", 0)
     stream.remaining = []
-    with pytest.raises(RuntimeError, match="no prompt left"):
+    assert not stream.has_prompts()
+    with pytest.raises(RuntimeError, match="Every training prompt has been retired"):
         stream.take(1)
 
 
@@ -316,3 +331,47 @@ def test_prompt_state_round_trips_everything_a_checkpoint_keeps():
     assert (
         restored.extra_prompts().take(5) == state.extra_prompts().take(5) and 1 not in taken + state.stream.remaining
     )
+
+
+# ------------------------------------------------------------------------------------- pass definition, changed datasets
+
+
+def test_pass_rates_with_a_threshold_of_their_own():
+    rewards = torch.tensor([0.2, 0.9, 1.0, 0.95, float("nan"), 0.1, 0.0, 0.4])
+    # without a threshold a pass is > 0: group 1 passes 4/4, group 2 passes 2/3 (one NaN)
+    assert group_pass_rates(rewards, 4).tolist() == pytest.approx([1.0, 2 / 3])
+    # with task_pass_threshold = 0.9: group 1 has 3 of 4 >= 0.9, group 2 none
+    assert group_pass_rates(rewards, 4, threshold=0.9).tolist() == pytest.approx([0.75, 0.0])
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [([0, 1, 1, 0], True), ([-1, 1, float("nan")], True), ([-1, 0, 1], True), ([0.5, 1], False), ([2, 0], False)],
+)
+def test_a_correctness_reward_is_one_with_values_in_minus_one_zero_one(values, expected):
+    assert is_correctness_reward(torch.tensor(values, dtype=torch.float32)) is expected
+
+
+def test_a_restored_stream_from_another_dataset_restarts_instead_of_indexing_past_it():
+    saved = PromptState(0, lambda: 8, lambda: [str(i) for i in range(8)])
+    saved.extra_prompts().take(3)
+    state = saved.state_dict()
+    assert state["num_samples"] == 8 and state["format"] == 1
+    # same dataset: the stream resumes where it was
+    same = PromptState(0, lambda: 8, lambda: [str(i) for i in range(8)])
+    assert same.load_state_dict(state) == []
+    assert same.extra_prompts().take(5) == saved.extra_prompts().take(5)
+    # a smaller dataset: a note, and a new pass over the new dataset whose indices are all in range
+    smaller = PromptState(0, lambda: 4, lambda: [str(i) for i in range(4)])
+    notes = smaller.load_state_dict(state)
+    assert len(notes) == 1 and "4 prompts" in notes[0] and "8 prompts" in notes[0]
+    assert all(0 <= index < 4 for index in smaller.extra_prompts().take(10))
+    # a file without num_samples (written before it was recorded) whose indices are out of range: the same
+    legacy = {key: value for key, value in state.items() if key != "num_samples"}
+    assert PromptState(0, lambda: 2, lambda: ["0", "1"]).load_state_dict(legacy)
+
+
+def test_sample_groups_stops_when_the_sizer_has_no_prompts_left():
+    score_round, calls = _rounds([False, False], [True, True])
+    plan = sample_groups("dynamic", score_round, target=2, max_rounds=5, next_round_groups=lambda rounds: 0)
+    assert calls == [0] and plan.cap_hit and len(plan.chosen) == 2 and not plan.active.any()

@@ -153,6 +153,21 @@ def test_dppo_kl_takes_its_own_default_threshold():
         ({"scale_rewards": "batch"}, ("batch", "clip", "token_mean")),
         ({"scale_rewards": False}, ("dr_grpo", "clip", "token_mean")),
         ({"loss_type": "grpo", "importance_sampling_level": "sequence"}, ("grpo", "gspo", "seq_mean_token_mean")),
+        ({"loss_type": "dapo", "importance_sampling_level": "sequence"}, ("grpo", "gspo", "token_mean")),
+        ({"loss_type": "bnpo"}, ("grpo", "clip", "micro_batch_token_mean")),
+        ({"loss_type": "sapo"}, ("grpo", "sapo", "seq_mean_token_mean")),
+        ({"loss_type": "luspo", "importance_sampling_level": "sequence"}, ("grpo", "gspo", "seq_mean_token_sum")),
+        ({"loss_type": "luspo"}, ("grpo", "clip", "seq_mean_token_sum")),
+        ({"loss_type": "vespo"}, ("grpo", "vespo", "token_mean")),
+        (
+            {"loss_type": "cispo", "epsilon_high": 5.0, "importance_sampling_level": "sequence"},
+            ("grpo", "cispo", "token_mean"),
+        ),
+        ({"multi_objective_aggregation": "normalize_then_sum"}, ("batch_zscore", "clip", "token_mean")),
+        (
+            {"multi_objective_aggregation": "normalize_then_sum", "scale_rewards": "group"},
+            ("batch_zscore", "clip", "token_mean"),
+        ),
     ],
 )
 def test_trl_fields_are_honoured(trl_kwargs, expected):
@@ -165,10 +180,8 @@ def test_trl_fields_are_honoured(trl_kwargs, expected):
     ("config_cls", "kwargs", "message"),
     [
         (tr.ReasoningConfig, {"advantage_estimator": "ppo"}, "Unknown advantage estimator 'ppo'. Allowed values: grpo"),
-        (tr.ReasoningConfig, {"policy_loss": "sapo"}, "Unknown policy loss 'sapo'. Allowed values: clip"),
+        (tr.ReasoningConfig, {"policy_loss": "ppo"}, "Unknown policy loss 'ppo'. Allowed values: clip"),
         (tr.ReasoningConfig, {"loss_aggregation": "sum"}, "Unknown loss aggregation 'sum'. Allowed values: token_mean"),
-        (tr.ReasoningConfig, {"loss_type": "vespo"}, "loss_type='vespo' is not supported"),
-        (tr.ReasoningConfig, {"loss_type": "bnpo"}, "loss_type='bnpo' is not supported"),
         (tr.ReasoningConfig, {"loss_type": "foo"}, "Unknown loss_type 'foo'. Allowed values: grpo, dapo"),
         (tr.DrGRPOConfig, {"loss_type": "dapo"}, "loss_aggregation='seq_mean_token_sum_norm' conflicts with loss_type"),
         (tr.CISPOConfig, {"loss_type": "dapo"}, "policy_loss='cispo' conflicts with loss_type='dapo'"),
@@ -186,9 +199,15 @@ def test_trl_fields_are_honoured(trl_kwargs, expected):
         (tr.MaxRLConfig, {"maxrl_reward_threshold": -1.0}, "maxrl_reward_threshold must be >= 0"),
         (tr.MaxRLConfig, {"overlong_cache_length": 4}, "overlong_cache_length shapes the reward"),
         (tr.ReasoningConfig, {"epsilon_high": -0.1}, "epsilon_high must be > 0"),
-        (tr.CISPOConfig, {"delta": 2.0}, "delta=2.0 (two-sided clipping) applies to policy_loss='clip' only"),
-        (tr.DAPOConfig, {"importance_sampling_level": "sequence"}, "importance_sampling_level='sequence' is honoured by"),
-        (tr.ReasoningConfig, {"multi_objective_aggregation": "normalize_then_sum"}, "multi_objective_aggregation="),
+        (tr.CISPOConfig, {"delta": 2.0}, "delta=2.0 (two-sided clipping) applies to policy_loss='clip' (and 'gspo') only"),
+        (tr.DPPOConfig, {"importance_sampling_level": "sequence"}, "importance_sampling_level='sequence' takes one importance ratio per sequence, which policy_loss='dppo'"),
+        (tr.ReasoningConfig, {"importance_sampling_level": "batch"}, "Unknown importance_sampling_level 'batch'"),
+        (tr.ReasoningConfig, {"multi_objective_aggregation": "average"}, "Unknown multi_objective_aggregation 'average'"),
+        (tr.MaxRLConfig, {"multi_objective_aggregation": "normalize_then_sum"}, "multi_objective_aggregation shapes the reward"),
+        (tr.RLOOConfig, {"reward_clip_range": (2.0, 1.0)}, "reward_clip_range=(min, max) needs min <= max"),
+        (tr.RLOOConfig, {"reward_clip_range": (1.0,)}, "reward_clip_range must be a pair"),
+        (tr.ReasoningConfig, {"reward_timeout": 0.0}, "reward_timeout must be > 0 seconds"),
+        (tr.ScaleRLConfig, {"task_pass_threshold": float("nan")}, "task_pass_threshold must be a finite number"),
     ],
 )  # fmt: skip
 def test_invalid_values_fail_at_construction_naming_the_field(config_cls, kwargs, message):

@@ -7,6 +7,8 @@ perturbed behaviour log-probabilities so that clipping and capping are exercised
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import cpu_args, digit_fraction, generate_batch, make_prompts
@@ -95,6 +97,48 @@ CASES = {
         {"loss_type": "dapo", "epsilon_high": 0.28, "beta": 0.1},
     ),
     "two_sided_clip": (tr.ReasoningTrainer, tr.ReasoningConfig, {"delta": 1.5}, {"delta": 1.5}),
+    # every other TRL 1.16 loss_type, and the sequence-level ratio on the losses that sum tokens
+    "bnpo": (tr.ReasoningTrainer, tr.ReasoningConfig, {"loss_type": "bnpo"}, {"loss_type": "bnpo"}),
+    "sapo": (tr.ReasoningTrainer, tr.ReasoningConfig, {"loss_type": "sapo"}, {"loss_type": "sapo"}),
+    "sapo_temperatures": (
+        tr.ReasoningTrainer,
+        tr.ReasoningConfig,
+        {"loss_type": "sapo", "sapo_temperature_pos": 2.0, "sapo_temperature_neg": 0.5},
+        {"loss_type": "sapo", "sapo_temperature_pos": 2.0, "sapo_temperature_neg": 0.5},
+    ),
+    "luspo": (
+        tr.ReasoningTrainer,
+        tr.ReasoningConfig,
+        {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+        {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+    ),
+    "luspo_token": (tr.ReasoningTrainer, tr.ReasoningConfig, {"loss_type": "luspo"}, {"loss_type": "luspo"}),
+    "vespo": (tr.ReasoningTrainer, tr.ReasoningConfig, {"loss_type": "vespo"}, {"loss_type": "vespo"}),
+    "vespo_custom": (
+        tr.ReasoningTrainer,
+        tr.ReasoningConfig,
+        {"loss_type": "vespo", "vespo_k_pos": 1.0, "vespo_lambda_pos": 0.5},
+        {"loss_type": "vespo", "vespo_k_pos": 1.0, "vespo_lambda_pos": 0.5},
+    ),
+    "dapo_sequence": (
+        tr.DAPOTrainer,
+        tr.DAPOConfig,
+        {"overlong_cache_length": None, "importance_sampling_level": "sequence"},
+        {"loss_type": "dapo", "epsilon_high": 0.28, "importance_sampling_level": "sequence"},
+    ),
+    "cispo_sequence": (
+        tr.ReasoningTrainer,
+        tr.ReasoningConfig,
+        {"loss_type": "cispo", "epsilon_high": 5.0, "importance_sampling_level": "sequence"},
+        {"loss_type": "cispo", "epsilon_high": 5.0, "importance_sampling_level": "sequence"},
+    ),
+    "dr_grpo_sequence": (
+        tr.DrGRPOTrainer,
+        tr.DrGRPOConfig,
+        {"importance_sampling_level": "sequence"},
+        {"loss_type": "dr_grpo", "scale_rewards": "none", "importance_sampling_level": "sequence"},
+    ),
+    "cispo_default_cap": (tr.ReasoningTrainer, tr.ReasoningConfig, {"loss_type": "cispo"}, {"loss_type": "cispo"}),
 }
 
 
@@ -158,3 +202,113 @@ def test_rloo_matches_trl_rloo_trainer(tiny_model_path, tmp_path):
     _assert_same(
         ours, theirs, ours_inputs, their_inputs, their_old_key="old_logps", off_policy_tolerance=RLOO_TOLERANCE
     )
+
+
+def _first_char_is_digit(completions, **kwargs) -> list[float]:
+    """A second reward on another scale than digit_fraction (0 or 3), so normalize_then_sum differs from summing."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [3.0 if t[:1].isdigit() else 0.0 for t in texts]
+
+
+@pytest.mark.parametrize("weights", [None, [1.0, 0.5]])
+def test_normalize_then_sum_matches_trl(weights, tiny_model_path, tmp_path):
+    """TRL's multi_objective_aggregation="normalize_then_sum": each reward function standardised within its group,
+    weighted sum, then standardised over the batch; TRL ignores scale_rewards there, and so does the config."""
+    dataset = make_prompts()
+    funcs = [digit_fraction, _first_char_is_digit]
+    common = {"multi_objective_aggregation": "normalize_then_sum", "reward_weights": weights}
+    ours = tr.ReasoningTrainer(
+        model=tiny_model_path,
+        reward_funcs=funcs,
+        args=tr.ReasoningConfig(**cpu_args(output_dir=str(tmp_path / "ours"), **common)),
+        train_dataset=dataset,
+    )
+    theirs = GRPOTrainer(
+        model=tiny_model_path,
+        reward_funcs=funcs,
+        args=GRPOConfig(**cpu_args(output_dir=str(tmp_path / "trl"), **common)),
+        train_dataset=dataset,
+    )
+    ours_inputs, their_inputs = generate_batch(ours), generate_batch(theirs)
+    torch.testing.assert_close(ours_inputs["completion_ids"], their_inputs["completion_ids"], rtol=0, atol=0)
+    assert ours_inputs["advantages"].abs().sum() > 0
+    _assert_same(ours, theirs, ours_inputs, their_inputs)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"normalize_advantages": True},
+        {"reward_clip_range": (0.1, 0.4)},
+        {"normalize_advantages": True, "reward_clip_range": (0.0, 0.3)},
+    ],
+)
+def test_rloo_options_of_trl_rloo_config_match_trl(options, tiny_model_path, tmp_path):
+    """The two fields of TRL's RLOOConfig that trl-reasoning's RLOOConfig lacked: advantage normalisation over the
+    batch and reward clipping (before the KL penalty), each honoured as TRL's RLOOTrainer does."""
+    dataset = make_prompts()
+    common = cpu_args(num_generations=4, beta=0.05, **options)
+    ours = tr.RLOOTrainer(
+        model=tiny_model_path,
+        reward_funcs=digit_fraction,
+        args=tr.RLOOConfig(**{**common, "output_dir": str(tmp_path / "ours")}),
+        train_dataset=dataset,
+    )
+    theirs = TRLRLOOTrainer(
+        model=tiny_model_path,
+        reward_funcs=digit_fraction,
+        args=TRLRLOOConfig(**{**common, "output_dir": str(tmp_path / "trl")}),
+        train_dataset=dataset,
+    )
+    _perturb_both(ours.model, theirs.model)
+    ours_inputs, their_inputs = generate_batch(ours), generate_batch(theirs)
+    torch.testing.assert_close(ours_inputs["completion_ids"], their_inputs["completion_ids"], rtol=0, atol=0)
+    # Standardised advantages are a few times larger than raw ones, and so is the float32 rounding of the sequence
+    # log-ratio sums (see RLOO_TOLERANCE) in the gradients.
+    tolerance = dict(RLOO_TOLERANCE, atol=1e-5) if options.get("normalize_advantages") else RLOO_TOLERANCE
+    _assert_same(ours, theirs, ours_inputs, their_inputs, their_old_key="old_logps", off_policy_tolerance=tolerance)
+
+
+def test_every_field_of_trl_rloo_config_exists_in_ours():
+    ours = {f.name for f in dataclasses.fields(tr.RLOOConfig)}
+    theirs = {f.name for f in dataclasses.fields(TRLRLOOConfig)}
+    assert theirs - ours == set()
+
+
+@pytest.mark.parametrize("loss_type", ["bnpo", "luspo", "sapo", "vespo", "dapo", "grpo"])
+def test_a_training_step_with_gradient_accumulation_matches_trl(loss_type, tiny_model_path, tmp_path):
+    """A whole optimizer step (generation, two accumulated micro-batches, the update) with TRL's loss_type gives the
+    same parameters as GRPOTrainer: bnpo's per-micro-batch normaliser and every loss's accumulation scaling included.
+    Plain SGD, so that the parameters move by the gradient itself (Adam's first step is lr * sign(g), which turns
+    float32 noise on a near-zero gradient into a full step)."""
+    dataset = make_prompts()
+    common = dict(
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=1,
+        loss_type=loss_type,
+        epsilon_high=0.3,
+        optim="sgd",
+        learning_rate=1.0,
+    )
+    ours = tr.ReasoningTrainer(
+        model=tiny_model_path,
+        reward_funcs=digit_fraction,
+        args=tr.ReasoningConfig(**cpu_args(output_dir=str(tmp_path / "ours"), **common)),
+        train_dataset=dataset,
+    )
+    theirs = GRPOTrainer(
+        model=tiny_model_path,
+        reward_funcs=digit_fraction,
+        args=GRPOConfig(**cpu_args(output_dir=str(tmp_path / "trl"), **common)),
+        train_dataset=dataset,
+    )
+    before = [p.detach().clone() for p in ours.model.parameters()]
+    for trainer in (ours, theirs):
+        torch.manual_seed(5)
+        trainer.train()
+    moved = False
+    for p0, p_ours, p_theirs in zip(before, ours.model.parameters(), theirs.model.parameters(), strict=True):
+        torch.testing.assert_close(p_ours, p_theirs, rtol=1e-5, atol=1e-6)
+        moved = moved or not torch.equal(p0, p_ours)
+    assert moved, "the step did not change the parameters: the comparison is vacuous"

@@ -1,0 +1,152 @@
+"""The trainer's own checkpoint file and what makes a checkpoint folder complete (floor 1: files, no TRL import).
+
+Every checkpoint of a trl-reasoning trainer holds, next to the HF Trainer's files, ``trl_reasoning_sampling_state.json``:
+the prompt-sampling state (ScaleRL's retired prompts, DAPO's extra-prompt stream, the sampler's epoch) that a resumed
+run needs to go on as the uninterrupted one would. Three rules keep it as safe as the Trainer's own files:
+
+- it is written atomically (a temporary file in the same folder, flushed, then ``os.replace``), so a kill or a full
+  disk leaves the old file or none, never a truncated one;
+- it is written before ``trainer_state.json``, which the Trainer writes last (only the hub push and the rotation of
+  old checkpoints come after), so a folder whose ``trainer_state.json`` reads is complete;
+- on load every problem names the file, says what is wrong and how to go on (:class:`SamplingStateError`).
+
+``last_complete_checkpoint`` is what ``resume_from_checkpoint=True`` uses instead of the Trainer's
+``get_last_checkpoint``, which takes the highest-numbered folder even when it was cut off mid-write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: The file, in every checkpoint folder, that holds the sampling state.
+SAMPLING_STATE_FILE = "trl_reasoning_sampling_state.json"
+#: The version of its layout (written as ``"format"``); a file without it is read as version 0 (before 0.2).
+SAMPLING_STATE_FORMAT = 1
+#: The keys every sampling-state file has.
+SAMPLING_STATE_KEYS = ("retired_prompts", "prompt_stream", "sampler_epoch")
+
+TRAINER_STATE_FILE = "trainer_state.json"  # transformers.trainer.TRAINER_STATE_NAME
+_CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+#: Files or folders of which a checkpoint has at least one: the model (full, sharded, adapter), or the engine's own.
+_WEIGHT_MARKERS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+    "pytorch_model_fsdp_0",  # FSDP sharded state dict
+    "latest",  # DeepSpeed's pointer to its global_step folder
+)
+
+
+class SamplingStateError(ValueError):
+    """A checkpoint's sampling-state file cannot be used; the message names the file, the problem and the way out."""
+
+
+def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` so that a reader sees the old file (or none) or the whole new one: a
+    temporary file in the same folder, flushed to disk, then renamed over ``path`` (``os.replace`` is atomic)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w") as file:
+            json.dump(data, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _way_out(path: Path) -> str:
+    return (
+        f"Resume from an earlier checkpoint, or delete {path} to resume without it (retired prompts are then "
+        "forgotten and the extra-prompt stream starts a new pass)."
+    )
+
+
+def read_sampling_state(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
+    """The sampling state saved in ``checkpoint``, checked for shape; ``None`` when the file is missing.
+
+    Raises :class:`SamplingStateError` naming the file when it is empty, not JSON, or lacks the state's keys.
+    """
+    path = Path(checkpoint) / SAMPLING_STATE_FILE
+    if not path.exists():
+        return None
+    text = path.read_text()
+    if not text.strip():
+        raise SamplingStateError(
+            f"{path} is empty: the checkpoint's sampling state was cut off while it was written. " + _way_out(path)
+        )
+    try:
+        state = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SamplingStateError(
+            f"{path} is not valid JSON ({error}): the file is damaged. " + _way_out(path)
+        ) from None
+    if not isinstance(state, dict):
+        raise SamplingStateError(
+            f"{path} holds a {type(state).__name__}, not the sampling state's object. " + _way_out(path)
+        )
+    missing = [key for key in SAMPLING_STATE_KEYS if key not in state]
+    if missing:
+        raise SamplingStateError(f"{path} lacks {', '.join(missing)}: the file is damaged. " + _way_out(path))
+    if not isinstance(state["retired_prompts"], dict) or not isinstance(
+        state["retired_prompts"].get("epoch_of", {}), dict
+    ):
+        raise SamplingStateError(f"{path} has a malformed 'retired_prompts' entry. " + _way_out(path))
+    stream = state["prompt_stream"]
+    if stream is not None and not (isinstance(stream, dict) and isinstance(stream.get("remaining", []), list)):
+        raise SamplingStateError(f"{path} has a malformed 'prompt_stream' entry. " + _way_out(path))
+    return state
+
+
+def checkpoint_problem(folder: str | os.PathLike) -> str | None:
+    """Why ``folder`` is not a complete checkpoint (``None`` when it is): no readable ``trainer_state.json`` (the
+    Trainer writes it last), no model weights, or a sampling-state file that cannot be read."""
+    folder = Path(folder)
+    state_path = folder / TRAINER_STATE_FILE
+    if not state_path.is_file():
+        return f"it has no {TRAINER_STATE_FILE} (the save was cut off)"
+    try:
+        json.loads(state_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return f"its {TRAINER_STATE_FILE} is not valid JSON (the save was cut off)"
+    if not any((folder / marker).exists() for marker in _WEIGHT_MARKERS):
+        return "it has no model weights"
+    try:
+        read_sampling_state(folder)
+    except SamplingStateError as error:
+        return str(error).split(":")[0] + " cannot be read"
+    return None
+
+
+def checkpoint_folders(output_dir: str | os.PathLike) -> list[Path]:
+    """The ``checkpoint-<step>`` folders of ``output_dir``, newest (highest step) first."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    found = [
+        (int(m.group(1)), p) for p in output_dir.iterdir() if p.is_dir() and (m := _CHECKPOINT_NAME.match(p.name))
+    ]
+    return [path for _, path in sorted(found, key=lambda item: item[0], reverse=True)]
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest complete checkpoint of ``output_dir`` (``None`` if there is none) and the newer ones passed over,
+    each with the reason (:func:`checkpoint_problem`)."""
+    skipped = []
+    for folder in checkpoint_folders(output_dir):
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            return folder, skipped
+        skipped.append((folder, problem))
+    return None, skipped
