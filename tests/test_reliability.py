@@ -7,6 +7,7 @@ needs, so it turns into a failure (XPASS) the moment the behaviour lands and the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import importlib.util
@@ -15,6 +16,7 @@ import json
 import logging
 import math
 import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -32,12 +34,13 @@ from conftest import (
     make_prompts,
     message_text,
 )
-from datasets import Dataset
+from datasets import Dataset, IterableDataset
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOTrainer
 
 import trl_reasoning as tr
 from trl_reasoning import trainer as seam
+from trl_reasoning.rewards import RewardTimeoutError
 
 DOC = Path(__file__).parents[1] / "docs" / "RELIABILITY.md"
 SECRET = "hf_SECRET123"
@@ -194,6 +197,86 @@ def test_maxrl_rejects_non_binary_rewards_at_train_time(tiny_model_path, tmp_pat
         trainer.train()
 
 
+def slow_judge(completions, **kwargs):
+    time.sleep(30)  # a judge that hangs; its thread is left behind when the call times out
+    return [1.0] * len(completions)
+
+
+async def slow_async_judge(completions, **kwargs):
+    await asyncio.sleep(30)
+    return [1.0] * len(completions)
+
+
+@pytest.mark.parametrize("judge", [pytest.param(slow_judge, id="sync"), pytest.param(slow_async_judge, id="async")])
+def test_reward_timeout_turns_a_hung_judge_into_an_error_naming_it(judge, tiny_model_path, tmp_path):
+    trainer = _trainer(tiny_model_path, tmp_path, [digit_fraction, judge], reward_timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(RewardTimeoutError, match=rf"'{judge.__name__}' did not return within reward_timeout=0.5 s"):
+        generate_batch(trainer)
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.slow
+def test_reward_timeout_with_exclude_trains_on_without_the_judge(tiny_model_path, tmp_path):
+    trainer = _trainer(
+        tiny_model_path, tmp_path, [digit_fraction, slow_judge], reward_timeout=0.3, on_reward_error="exclude"
+    )
+    started = time.monotonic()
+    trainer.train()
+    assert trainer.state.global_step == 3 and time.monotonic() - started < 25
+    assert logged_metric(trainer, "rewards/slow_judge/errors") == [8.0, 8.0, 8.0]
+    assert all(math.isfinite(x) for x in logged_metric(trainer, "loss"))
+
+
+class _OwnsTheReward:
+    """An environment that scores its rollouts itself (TRL 1.16's `get_reward`); no reward_funcs is passed."""
+
+    calls = 0
+
+    def reset(self, **kwargs):
+        _OwnsTheReward.calls += 1
+        self.score = (_OwnsTheReward.calls * 7 % 5) / 4
+
+    def get_reward(self) -> float:
+        return self.score
+
+
+def _tool_calling_model(tiny_model_path, tmp_path) -> str:
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    path = tmp_path / "tool-model"
+    shutil.copytree(tiny_model_path, path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = qwen2_5_chat_template  # environments need a template that can render tool calls
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [pytest.param(name, id=name) for name in ("ReasoningTrainer", "DAPO", "ScaleRL")])
+def test_an_environment_that_owns_the_reward_trains_without_reward_funcs(name, tiny_model_path, tmp_path):
+    model = _tool_calling_model(tiny_model_path, tmp_path)
+    trainer_cls = tr.ReasoningTrainer if name == "ReasoningTrainer" else getattr(tr, f"{name}Trainer")
+    args = trainer_cls.config_class(**cpu_args(output_dir=str(tmp_path / "out"), max_steps=2))
+    trainer = trainer_cls(model=model, args=args, train_dataset=make_prompts(), environment_factory=_OwnsTheReward)
+    assert trainer.reward_func_names == ["_OwnsTheReward"]
+    trainer.train()
+    assert trainer.state.global_step == 2 and all(math.isfinite(x) for x in logged_metric(trainer, "loss"))
+    assert logged_metric(trainer, "rewards/_OwnsTheReward/mean")
+
+
+def test_no_reward_source_is_trls_error(tiny_model_path, tmp_path):
+    args = tr.DAPOConfig(**cpu_args(output_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="No reward source provided"):
+        tr.DAPOTrainer(model=tiny_model_path, args=args, train_dataset=make_prompts())
+    with pytest.raises(ValueError, match="No reward source provided"):
+        GRPOTrainer(
+            model=tiny_model_path,
+            args=trl.GRPOConfig(**cpu_args(output_dir=str(tmp_path))),
+            train_dataset=make_prompts(),
+        )
+
+
 # ====================================================================================== data
 
 
@@ -210,11 +293,47 @@ def test_empty_dataset(tiny_model_path, tmp_path):
         _trainer(tiny_model_path, tmp_path, digit_fraction, dataset=dataset, max_steps=1).train()
 
 
-@pytest.mark.slow
 def test_prompt_longer_than_context(tiny_model_path, tmp_path):
+    # every prompt overlong: nothing would be left to train on
     dataset = Dataset.from_list([{"prompt": "7" * 600 + str(i)} for i in range(8)])
-    with pytest.raises(ValueError, match="max_position_embeddings"):
-        _trainer(tiny_model_path, tmp_path, digit_fraction, dataset=dataset, max_steps=1).train()
+    with pytest.raises(
+        ValueError, match=r"Every prompt of the train_dataset \(8\) do not fit.*max_position_embeddings"
+    ):
+        _trainer(tiny_model_path, tmp_path, digit_fraction, dataset=dataset, max_steps=1)
+
+
+# 15 short prompts and one of 505 tokens: it fits the context (512) alone, not with max_completion_length=12.
+def _one_long_prompt() -> list[dict]:
+    rows = [{"prompt": f"{i}+{i}="} for i in range(15)]
+    rows.insert(9, {"prompt": "7" * 505})
+    return rows
+
+
+@pytest.mark.slow
+def test_a_prompt_that_cannot_fit_with_its_completion_is_dropped_with_a_warning_naming_it(tiny_model_path, tmp_path):
+    with pytest.warns(UserWarning, match=r"1 of the 16 prompts of the train_dataset .* removed .*: #9 \(505 tokens"):
+        trainer = _trainer(
+            tiny_model_path, tmp_path, digit_fraction, dataset=Dataset.from_list(_one_long_prompt()), max_steps=8
+        )
+    assert len(trainer.train_dataset) == 15
+    trainer.train()  # all the steps, as TRL trains (where transformers only warns at generation time)
+    assert trainer.state.global_step == 8
+
+
+def test_a_prompt_that_cannot_fit_is_an_error_naming_it_without_filtering(tiny_model_path, tmp_path):
+    dataset = Dataset.from_list(_one_long_prompt())
+    with pytest.raises(ValueError, match=r"#9 \(505 tokens.*set filter_overlong_prompts=True"):
+        _trainer(tiny_model_path, tmp_path, digit_fraction, dataset=dataset, filter_overlong_prompts=False)
+
+
+@pytest.mark.slow
+def test_a_streamed_prompt_that_cannot_fit_is_skipped_with_a_warning_naming_it(tiny_model_path, tmp_path):
+    rows = _one_long_prompt()
+    dataset = IterableDataset.from_generator(lambda: iter(rows))
+    trainer = _trainer(tiny_model_path, tmp_path, digit_fraction, dataset=dataset, max_steps=8, shuffle_dataset=False)
+    with pytest.warns(UserWarning, match=r"Prompt #9 \(505 tokens.* of the streamed train_dataset .*skipped"):
+        trainer.train()
+    assert trainer.state.global_step == 8
 
 
 @pytest.mark.slow
@@ -310,7 +429,11 @@ def test_a_format_bonus_never_retires_an_unsolved_prompt(tiny_model_path, tmp_pa
 INVALID_FIELDS = [
     # (field, value, pattern the message must match: the field's name and, for names, the allowed values)
     ("advantage_estimator", "ppo", r"advantage[_ ]estimator 'ppo'\. Allowed values: grpo, dr_grpo, rloo, maxrl"),
-    ("policy_loss", "ppo", r"policy[_ ]loss 'ppo'\. Allowed values: clip, cispo, sapo, vespo, dppo, sequence_clip, gspo"),
+    (
+        "policy_loss",
+        "ppo",
+        r"policy[_ ]loss 'ppo'\. Allowed values: clip, cispo, sapo, vespo, dppo, sequence_clip, gspo",
+    ),
     ("loss_aggregation", "sum", r"loss[_ ]aggregation 'sum'\. Allowed values: token_mean, seq_mean_token_mean"),
     ("dppo_divergence", "topk_l1", r"dppo_divergence 'topk_l1'\. Allowed values: binary_tv, binary_kl, topk_tv"),
     ("dppo_threshold", -0.1, r"dppo_threshold must be >= 0"),

@@ -384,26 +384,47 @@ class PassAtKCallback(TrainerCallback):
             self.evaluate(state.global_step)
 
 
-class StopWhenEveryPromptIsRetired(TrainerCallback):
-    """Ends training cleanly at the end of the epoch in which no-positive-resampling retired the last training prompt:
-    a warning, then the Trainer's normal end (a final checkpoint when saving by steps, as when ``max_steps`` is
-    reached; the script's ``save_model`` runs as usual), instead of an epoch with nothing to sample.
+class PromptSamplingCallback(TrainerCallback):
+    """The trainer's own hooks on epochs for prompt sampling (added by every trl-reasoning trainer):
 
-    ``prompts_left_next()`` says whether any prompt is still drawn in the next epoch (the trainer's ``PromptState``).
+    - counts the epochs of a streaming training set (``prompt_state.stream_epoch``: the epoch whose rows the stream
+      filter is reading; a stream has no sampler to carry it);
+    - ends training cleanly at the end of the epoch in which no-positive-resampling retired the last prompt: a warning,
+      then the Trainer's normal end (a final checkpoint when saving by steps, as when ``max_steps`` is reached; the
+      script's ``save_model`` runs as usual), instead of an epoch with nothing to sample. For a map-style dataset
+      ``prompts_left_next()`` tells it beforehand; a stream shows it by an epoch without a single step.
     """
 
-    def __init__(self, prompts_left_next: Callable[[], bool], num_prompts: Callable[[], int]):
+    def __init__(self, prompt_state, prompts_left_next: Callable[[], bool] | None, retiring: bool):
+        self.prompt_state = prompt_state
         self.prompts_left_next = prompts_left_next
-        self.num_prompts = num_prompts
+        self.retiring = retiring
         self.stopped_at: int | None = None
+        self._epochs_begun = 0
+        self._step_at_epoch_begin = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._epochs_begun = 0
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        if self.prompt_state.streaming:
+            self.prompt_state.stream_epoch = self._epochs_begun
+        self._epochs_begun += 1
+        self._step_at_epoch_begin = state.global_step
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        if state.global_step >= state.max_steps or self.prompts_left_next():
+        if not self.retiring or state.global_step >= state.max_steps:
+            return control
+        if self.prompt_state.streaming:
+            exhausted = state.global_step == self._step_at_epoch_begin and len(self.prompt_state.retired) > 0
+        else:
+            exhausted = not self.prompts_left_next()
+        if not exhausted:
             return control
         warnings.warn(
-            f"No-positive-resampling has retired every one of the {self.num_prompts()} training prompts (their pass "
-            f"rate reached positive_resampling_threshold={args.positive_resampling_threshold}): training ends at step "
-            f"{state.global_step} of {state.max_steps}, as at a normal end"
+            f"No-positive-resampling has retired every training prompt (their pass rate reached "
+            f"positive_resampling_threshold={args.positive_resampling_threshold}; {len(self.prompt_state.retired)} "
+            f"retired): training ends at step {state.global_step} of {state.max_steps}, as at a normal end"
             + (", with a final checkpoint." if args.save_strategy == SaveStrategy.STEPS else ".")
             + " Use more prompts or a higher threshold to train longer.",
             UserWarning,

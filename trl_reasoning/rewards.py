@@ -6,9 +6,11 @@ name the function; ``check_reward_columns`` reports a function whose outputs for
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -109,7 +111,33 @@ def _describe_sample(kwargs: dict, index: int) -> str:
     return f"sample {index} (prompt {text[:80] + '...' if len(text) > 80 else text})"
 
 
-def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> Callable:
+class RewardTimeoutError(RewardFunctionError):
+    """A reward function did not return within ``reward_timeout`` seconds."""
+
+
+def _call_in_thread(func: Callable, args: tuple, kwargs: dict, timeout: float, name: str):
+    """``func(*args, **kwargs)`` in a daemon thread, waited on for ``timeout`` seconds. A call that has not returned by
+    then raises :class:`RewardTimeoutError`; its thread cannot be stopped and is left running in the background."""
+    outcome: dict = {}
+    finished = threading.Event()
+
+    def target():
+        try:
+            outcome["value"] = func(*args, **kwargs)
+        except BaseException as error:  # noqa: BLE001 - handed back to the calling thread
+            outcome["error"] = error
+        finally:
+            finished.set()
+
+    threading.Thread(target=target, name=f"reward-{name}", daemon=True).start()
+    if not finished.wait(timeout):
+        raise RewardTimeoutError(f"Reward function '{name}' did not return within reward_timeout={timeout} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def wrap_reward_function(func: Callable, name: str, on_error: str = "raise", timeout: float | None = None) -> Callable:
     """Wrap ``func`` so that its failures name it, and optionally exclude the samples it fails on.
 
     When ``func`` raises on a batch, it is called again sample by sample to find the failing samples. With
@@ -119,6 +147,12 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> 
     succeed when called again keep their value (counted in ``wrapper.retried_count``). With ``on_error="raise"`` the
     sample-by-sample calls stop at the first failure, so a costly reward (an LLM judge) is not called more than
     needed.
+
+    With ``timeout`` (seconds, the config's ``reward_timeout``) a call that has not returned by then counts as an
+    error: under ``"raise"`` a :class:`RewardTimeoutError` naming the function; under ``"exclude"`` every sample of
+    the call gets ``None`` without sample-by-sample retries (each could cost a timeout), counted in ``error_count``.
+    A sync function runs in a helper thread for that (a thread that never returns is left running); an async one
+    under ``asyncio.wait_for``.
 
     The wrapper keeps ``__name__`` (TRL logs rewards under it) and stays a coroutine function when ``func`` is one,
     so TRL still runs async reward functions concurrently. It also checks the number and type of returned rewards.
@@ -215,12 +249,39 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> 
                 break
         return _resolve(batch_error, kwargs, results)
 
+    def _timed_out(error: RewardTimeoutError, kwargs: dict) -> list:
+        """A call past ``timeout``: the error under ``"raise"``, no reward for any of its samples under
+        ``"exclude"``."""
+        size = _batch_size(kwargs)
+        if on_error == "raise" or size is None:
+            raise RewardTimeoutError(
+                f"{error} on a call with {size if size is not None else 'its'} completions; raise reward_timeout, "
+                "or set on_reward_error='exclude' to train on without those rewards."
+            ) from None
+        wrapper.error_count += size
+        return [None] * size
+
+    def _call(*args, **kwargs):
+        return func(*args, **kwargs) if timeout is None else _call_in_thread(func, args, kwargs, timeout, name)
+
+    async def _call_async(*args, **kwargs):
+        if timeout is None:
+            return await func(*args, **kwargs)
+        try:
+            return await asyncio.wait_for(func(*args, **kwargs), timeout)
+        except asyncio.TimeoutError:
+            raise RewardTimeoutError(
+                f"Reward function '{name}' did not return within reward_timeout={timeout} s"
+            ) from None
+
     if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
 
         @functools.wraps(func)
         async def async_wrapper(*args, **kwargs):
             try:
-                return _check(await func(*args, **kwargs), kwargs)
+                return _check(await _call_async(*args, **kwargs), kwargs)
+            except RewardTimeoutError as error:
+                return _timed_out(error, kwargs)
             except RewardFunctionError:
                 raise
             except Exception as error:  # noqa: BLE001 - located sample by sample, then re-raised or excluded
@@ -229,7 +290,7 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> 
                     sample_kwargs = next(retry)
                     while True:
                         try:
-                            outcome = _single_value(await func(*args, **sample_kwargs))
+                            outcome = _single_value(await _call_async(*args, **sample_kwargs))
                         except Exception as sample_error:  # noqa: BLE001
                             outcome = sample_error
                         sample_kwargs = retry.send(outcome)
@@ -242,7 +303,9 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> 
         @functools.wraps(func)
         def sync_wrapper(*args, **kwargs):
             try:
-                return _check(func(*args, **kwargs), kwargs)
+                return _check(_call(*args, **kwargs), kwargs)
+            except RewardTimeoutError as error:
+                return _timed_out(error, kwargs)
             except RewardFunctionError:
                 raise
             except Exception as error:  # noqa: BLE001 - located sample by sample, then re-raised or excluded
@@ -251,7 +314,7 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise") -> 
                     sample_kwargs = next(retry)
                     while True:
                         try:
-                            outcome = _single_value(func(*args, **sample_kwargs))
+                            outcome = _single_value(_call(*args, **sample_kwargs))
                         except Exception as sample_error:  # noqa: BLE001
                             outcome = sample_error
                         sample_kwargs = retry.send(outcome)

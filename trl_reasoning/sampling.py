@@ -458,26 +458,135 @@ class PromptStream:
         self.remaining = [int(i) for i in state["remaining"]]
 
 
+class StreamedPrompts:
+    """Dynamic sampling's extra prompts from a streaming dataset itself, as verl draws its next batch: a pass over the
+    stream (reshuffled per pass with a seed of its own), rows whose prompt is retired skipped, a new pass when one
+    ends. Its state is the pass number and the rows read in that pass up to the last row handed out, so a resumed run
+    skips exactly those.
+
+    ``open_pass(pass_index, skip)`` returns an iterator over the rows of pass ``pass_index`` (0, 1, ...) after its
+    first ``skip`` rows; ``key(row)`` identifies a row's prompt for retirement."""
+
+    def __init__(
+        self,
+        open_pass: Callable[[int, int], Iterator[dict]],
+        key: Callable[[dict], str],
+        retired: RetiredPrompts | None = None,
+    ) -> None:
+        self.open_pass = open_pass
+        self.key = key
+        self.retired = retired
+        # Saved state: passes started up to the last row handed out, rows of that pass read up to it.
+        self.passes = 0
+        self.position = 0
+        # The reader, which may be ahead of the saved state (rows read by has_prompts, not handed out yet).
+        self._rows: Iterator[dict] | None = None
+        self._pass = 0  # passes the reader has started
+        self._read = 0  # rows it has read in its pass
+        self._ahead: list[tuple[int, int, dict]] = []  # (pass, rows read up to it, row)
+        self._eligible_in_pass = False
+        self._resume = False  # a restored state: reopen the saved pass at `position` before reading on
+
+    def _open(self, pass_number: int, skip: int) -> None:
+        self._pass = pass_number
+        self._rows = self.open_pass(pass_number - 1, skip)
+        self._read = skip
+        # a pass resumed part-way had eligible rows before (they were handed out); a new pass has none yet
+        self._eligible_in_pass = skip > 0
+
+    def _read_ahead(self, count: int) -> bool:
+        """Read rows until ``count`` eligible ones wait; ``False`` when a whole pass has none (every prompt retired,
+        or an empty stream)."""
+        if self._resume:
+            self._resume = False
+            self._open(self.passes, self.position)
+        while len(self._ahead) < count:
+            if self._rows is None:
+                self._open(self._pass + 1, 0)
+            try:
+                row = next(self._rows)
+            except StopIteration:
+                self._rows = None
+                if not self._eligible_in_pass:
+                    return False
+                continue
+            self._read += 1
+            if self.retired is not None and self.key(row) in self.retired:
+                continue
+            self._eligible_in_pass = True
+            self._ahead.append((self._pass, self._read, row))
+        return True
+
+    def has_prompts(self, count: int = 1) -> bool:
+        """Whether :meth:`take_rows` can hand out ``count`` prompts (reads them ahead)."""
+        return self._read_ahead(count)
+
+    def take_rows(self, count: int) -> list[dict]:
+        """The next ``count`` rows whose prompt is not retired. Raises a ``RuntimeError`` when none is left."""
+        if not self._read_ahead(count):
+            raise RuntimeError(
+                "Every prompt of the training stream has been retired: the extra-prompt stream is empty."
+            )
+        taken, self._ahead = self._ahead[:count], self._ahead[count:]
+        self.passes, self.position = taken[-1][0], taken[-1][1]
+        return [row for _, _, row in taken]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"passes": self.passes, "position": self.position, "streamed": True}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.passes, self.position = int(state["passes"]), int(state["position"])
+        self._rows, self._ahead, self._pass = None, [], self.passes
+        self._resume = self.passes > 0
+
+
 class PromptState:
     """The prompt-sampling state of a run, in one place, as a checkpoint keeps it: ScaleRL's retired prompts, DAPO's
     stream of extra prompts (made on first use) and the training sampler with its epoch.
 
-    ``dataset_size`` and ``prompt_keys`` are callables so that nothing is read from the dataset before it is needed
-    (an iterable dataset has no length; prompt keys hash every prompt)."""
+    ``dataset_size``, ``prompt_keys`` and ``row_at`` are callables so that nothing is read from the dataset before it
+    is needed (prompt keys hash every prompt). A streaming dataset gives ``open_stream`` (see :class:`StreamedPrompts`)
+    and ``key`` instead: it has no length and no index, and its epoch is counted by the trainer (``stream_epoch``)."""
 
-    def __init__(self, seed: int, dataset_size: Callable[[], int], prompt_keys: Callable[[], Sequence[str]]) -> None:
+    def __init__(
+        self,
+        seed: int,
+        dataset_size: Callable[[], int],
+        prompt_keys: Callable[[], Sequence[str]],
+        row_at: Callable[[int], dict] | None = None,
+        open_stream: Callable[[int, int], Iterator[dict]] | None = None,
+        key: Callable[[dict], str] | None = None,
+    ) -> None:
         self.seed = seed
         self.dataset_size = dataset_size
         self.prompt_keys = prompt_keys
+        self.row_at = row_at
+        self.open_stream = open_stream
+        self.key = key
         self.retired = RetiredPrompts()
-        self.stream: PromptStream | None = None
+        self.stream: PromptStream | StreamedPrompts | None = None
         self.sampler: EpochRepeatSampler | None = None
+        self.stream_epoch = 0
 
-    def extra_prompts(self) -> PromptStream:
+    @property
+    def streaming(self) -> bool:
+        return self.open_stream is not None
+
+    def extra_prompts(self) -> PromptStream | StreamedPrompts:
         """The stream of prompts for dynamic sampling's extra rounds."""
         if self.stream is None:
-            self.stream = PromptStream(self.dataset_size(), self.seed, self.retired, self.prompt_keys)
+            if self.streaming:
+                self.stream = StreamedPrompts(self.open_stream, self.key, self.retired)
+            else:
+                self.stream = PromptStream(self.dataset_size(), self.seed, self.retired, self.prompt_keys)
         return self.stream
+
+    def extra_rows(self, count: int) -> list[dict]:
+        """The rows of the next ``count`` extra prompts."""
+        source = self.extra_prompts()
+        if isinstance(source, StreamedPrompts):
+            return source.take_rows(count)
+        return [self.row_at(index) for index in source.take(count)]
 
     def new_sampler(
         self, num_samples: int, mini_repeat_count: int, batch_size: int, repeat_count: int, shuffle: bool
@@ -505,8 +614,16 @@ class PromptState:
 
     @property
     def epoch(self) -> int | None:
-        """The training sampler's epoch (``None`` before there is a sampler)."""
+        """The training sampler's epoch (``None`` before there is a sampler); a stream's epoch as the trainer counts
+        them."""
+        if self.streaming:
+            return self.stream_epoch
         return None if self.sampler is None else self.sampler.epoch
+
+    def excluded_now(self, key: str) -> bool:
+        """Whether a streamed prompt is left out of the current epoch: retired in an earlier one."""
+        retired_in = self.retired.epoch_of.get(key)
+        return retired_in is not None and retired_in < self.stream_epoch
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -514,7 +631,7 @@ class PromptState:
             "retired_prompts": self.retired.state_dict(),
             "prompt_stream": None if self.stream is None else self.stream.state_dict(),
             "sampler_epoch": self.epoch,
-            "num_samples": None if self.stream is None else self.stream.num_samples,
+            "num_samples": self.stream.num_samples if isinstance(self.stream, PromptStream) else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> list[str]:
@@ -528,7 +645,15 @@ class PromptState:
         notes = []
         self.retired.load_state_dict(state["retired_prompts"])
         saved_stream = state.get("prompt_stream")
-        if saved_stream is not None:
+        if saved_stream is not None and bool(saved_stream.get("streamed")) != self.streaming:
+            notes.append(
+                "the checkpoint's extra-prompt stream was drawn from a "
+                + ("map-style" if self.streaming else "streaming")
+                + " dataset and this run's is not: the stream restarts with a new pass over the dataset given now"
+            )
+        elif saved_stream is not None and self.streaming:
+            self.extra_prompts().load_state_dict(saved_stream)
+        elif saved_stream is not None:
             size = self.dataset_size()
             saved_size = state.get("num_samples")
             out_of_range = [i for i in saved_stream.get("remaining", []) if not 0 <= int(i) < size]

@@ -23,6 +23,7 @@ How a step works, on top of TRL's ``GRPOTrainer``:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import logging
@@ -43,13 +44,14 @@ from ._warnings import user_stacklevel
 from .advantages import ADVANTAGE_ESTIMATORS
 from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
 from .batch import TrainBatch, batch_advantages_and_weights, left_padded, pad_value, stack_rows
-from .callbacks import StopWhenEveryPromptIsRetired
+from .callbacks import PromptSamplingCallback
 from .checkpoints import SAMPLING_STATE_FILE, last_complete_checkpoint, read_sampling_state, write_json_atomically
 from .config import ReasoningConfig
 from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
 from .lm_head import cast_lm_head_to_fp32, unwrap_peft
 from .losses import POLICY_LOSSES, compute_policy_loss
 from .model_card import ReasoningModelCardMixin
+from .prompt_lengths import StreamedPromptCheck, describe_overlong, find_overlong_prompts
 from .rewards import (
     check_reward_columns,
     overlong_penalty,
@@ -100,6 +102,7 @@ TRL_PRIVATE_API: dict[str, tuple[str, ...]] = {
     "get_high_entropy_mask": ("entropies", "mask", "threshold"),
     "get_off_policy_mask": ("advantages", "per_token_logps", "sampling_per_token_logps", "mask"),
     "_get_output_dir": ("trial",),
+    "_tokenize_prompts": ("prompts",),
 }
 
 #: TRL functions (outside ``GRPOTrainer``) called here as ``GRPOTrainer.__init__`` calls them, with the leading
@@ -145,6 +148,11 @@ TRL_INSTANCE_ATTRIBUTES = (
     "shuffle_dataset",
     "num_iterations",
     "temperature",
+    "environment_factories",
+    "_is_vlm",
+    "tools",
+    "chat_template",
+    "chat_template_kwargs",
 )
 
 
@@ -254,6 +262,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
                 f"(checked against TRL {TRL_CHECKED_VERSION})."
             )
         self._init_seam_state()
+        self._drop_overlong_prompts()
         self._check_datasets()
         if self.accelerator.is_main_process:
             warn_if_launcher_lost_processes(self.accelerator.num_processes)
@@ -264,7 +273,9 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         """This trainer's own state next to TRL's: wrapped reward functions, the task-reward columns, the group
         selection, the sampling state a checkpoint keeps, the non-finite-step guard and DPPO top-K's switches."""
         self.reward_funcs = [
-            func if isinstance(func, torch.nn.Module) else wrap_reward_function(func, name, self.args.on_reward_error)
+            func
+            if isinstance(func, torch.nn.Module)
+            else wrap_reward_function(func, name, self.args.on_reward_error, self.args.reward_timeout)
             for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
         ]
         self._task_reward_columns = self._resolve_task_reward_columns()
@@ -277,14 +288,21 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self._scored_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         # Sampling state (saved in checkpoints): ScaleRL's retired prompts and DAPO's extra-prompt stream.
         self._prompt_keys: list[str] | None = None
-        self._prompt_state = PromptState(self.args.seed, lambda: len(self.train_dataset), self._dataset_prompt_keys)
-        if self.args.positive_resampling_threshold is not None and not isinstance(self.train_dataset, IterableDataset):
-            self.add_callback(
-                StopWhenEveryPromptIsRetired(
-                    lambda: self._prompt_state.prompts_left((self._prompt_state.epoch or 0) + 1),
-                    lambda: len(self.train_dataset),
-                )
-            )
+        streaming = isinstance(self.train_dataset, IterableDataset)
+        self._prompt_state = PromptState(
+            self.args.seed,
+            lambda: len(self.train_dataset),
+            self._dataset_prompt_keys,
+            row_at=lambda index: self.train_dataset[index],
+            open_stream=self._open_stream_pass if streaming else None,
+            key=lambda row: prompt_key(row.get("prompt")),
+        )
+        self._sampling_callback = PromptSamplingCallback(
+            self._prompt_state,
+            lambda: self._prompt_state.prompts_left((self._prompt_state.epoch or 0) + 1),
+            retiring=self.args.positive_resampling_threshold is not None,
+        )
+        self.add_callback(self._sampling_callback)
         # Non-finite loss guard: compute_loss records each micro-batch, the optimizer's step reads it.
         self._nonfinite_guard = NonFiniteStepGuard(self.args.nonfinite_loss_patience)
         # DPPO top-K (TopKForwardMixin's defaults: LM head from the hidden states, no engine top-K): vLLM's own top-K
@@ -306,7 +324,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         return args
 
     def _check_datasets(self) -> None:
-        """A ``prompt`` column in every dataset, and a map-style training set where prompts are looked up by index."""
+        """A ``prompt`` column in every dataset; a streaming training set gets its retired prompts filtered out."""
         for split, dataset in (("train_dataset", self.train_dataset), ("eval_dataset", self.eval_dataset)):
             for data in dataset.values() if isinstance(dataset, dict) else [dataset]:
                 columns = getattr(data, "column_names", None)
@@ -316,22 +334,11 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
                         "trainers generate from a 'prompt' column of text or chat messages; rename yours, e.g. "
                         "dataset.rename_column('question', 'prompt')."
                     )
-        needs_indexing = [
-            name
-            for name, on in (
-                (
-                    "dynamic_sampling" if self.args.dynamic_sampling else f"group_selection={self._group_selection!r}",
-                    self._generates_extra_rounds,
-                ),
-                ("positive_resampling_threshold", self.args.positive_resampling_threshold is not None),
-            )
-            if on
-        ]
-        if needs_indexing and isinstance(self.train_dataset, IterableDataset):
-            raise ValueError(
-                f"{' and '.join(needs_indexing)} need a map-style training dataset (datasets.Dataset): extra prompts "
-                "and retired prompts are looked up by index, which an IterableDataset does not support. Convert it "
-                "with Dataset.from_generator / .take(n), or turn the option off."
+        if self.args.positive_resampling_threshold is not None and isinstance(self.train_dataset, IterableDataset):
+            # A stream has no sampler to leave retired prompts out: its rows are filtered as they are read, by the
+            # epoch in which each prompt was retired (from the next epoch on, as the map-style sampler does).
+            self.train_dataset = self.train_dataset.filter(
+                lambda row: not self._prompt_state.excluded_now(prompt_key(row.get("prompt")))
             )
 
     def _resolve_task_reward_columns(self) -> torch.Tensor:
@@ -452,17 +459,95 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         informative = informative_groups(task_rewards, group_size)
         return SampledRound(output, rewards, informative, task_rewards, completion_tokens=int(lengths.sum().item()))
 
+    def _context_limit(self) -> int | None:
+        return getattr(self._bare_model().config.get_text_config(), "max_position_embeddings", None)
+
     def _check_context_length(self, output) -> None:
         """Prompt + completion must fit the model's context: past it, positions the model never saw make every
-        log-probability meaningless (TRL 1.16 only lets transformers warn)."""
-        limit = getattr(self._bare_model().config.get_text_config(), "max_position_embeddings", None)
-        longest_prompt = int(output["prompt_mask"].sum(dim=1).max().item()) if output["prompt_mask"].numel() else 0
+        log-probability meaningless (TRL 1.16 only lets transformers warn). Prompts are checked when the trainer is
+        built (``_drop_overlong_prompts``); this catches what that cannot see (image tokens, environment text)."""
+        limit = self._context_limit()
+        lengths = output["prompt_mask"].sum(dim=1)
+        longest_prompt = int(lengths.max().item()) if lengths.numel() else 0
         if limit is not None and longest_prompt + self.max_completion_length > limit:
+            row = int(lengths.argmax())
+            ids = output["prompt_ids"][row][output["prompt_mask"][row].bool()]
+            text = self._tokenizer.decode(ids[-60:], skip_special_tokens=True)
             raise ValueError(
-                f"A prompt of {longest_prompt} tokens plus max_completion_length={self.max_completion_length} exceeds "
-                f"the model's context (max_position_embeddings={limit}). Filter or truncate long prompts in the "
-                "dataset, or lower max_completion_length."
+                f"A prompt of {longest_prompt} tokens (ending {text!r}) plus max_completion_length="
+                f"{self.max_completion_length} exceeds the model's context (max_position_embeddings={limit}). Filter "
+                "or truncate long prompts in the dataset, or lower max_completion_length."
             )
+
+    def _drop_overlong_prompts(self) -> None:
+        """Prompts that cannot fit the context with ``max_completion_length`` tokens are removed from the training and
+        evaluation datasets with a warning naming each (``filter_overlong_prompts=True``), or refused naming them.
+        Environments (their reset text and tools are added per rollout) and image prompts are left to the check at
+        generation time."""
+        limit = self._context_limit()
+        if limit is None or self.environment_factories is not None or self._is_vlm:
+            return
+        budget = limit - self.max_completion_length
+        self.train_dataset = self._without_overlong_prompts(self.train_dataset, "train_dataset", budget, limit)
+        if isinstance(self.eval_dataset, dict):
+            self.eval_dataset = {
+                name: self._without_overlong_prompts(data, f"eval_dataset[{name!r}]", budget, limit)
+                for name, data in self.eval_dataset.items()
+            }
+        else:
+            self.eval_dataset = self._without_overlong_prompts(self.eval_dataset, "eval_dataset", budget, limit)
+
+    def _without_overlong_prompts(self, dataset, split: str, budget: int, limit: int):
+        columns = getattr(dataset, "column_names", None)
+        streamed = isinstance(dataset, IterableDataset)
+        if dataset is None or (columns is None and not streamed) or (columns is not None and "prompt" not in columns):
+            return dataset  # (a stream from a generator knows its columns only once read)
+        why = (
+            f"do not fit the model's context (max_position_embeddings={limit}) with max_completion_length="
+            f"{self.max_completion_length} (at most {budget} prompt tokens)"
+        )
+        way_out = (
+            "Filter or shorten them (e.g. dataset.filter(...)), lower max_completion_length, or set "
+            "filter_overlong_prompts=True to drop them with a warning."
+        )
+        if streamed:
+            check = StreamedPromptCheck(
+                budget, self._prompt_token_counts, split, why, self.args.filter_overlong_prompts
+            )
+            return dataset.filter(check)
+        found = find_overlong_prompts(dataset["prompt"], budget, self._rendered_prompts, self._prompt_token_counts)
+        if not found:
+            return dataset
+        if not self.args.filter_overlong_prompts:
+            raise ValueError(f"{len(found)} prompts of the {split} {why}: {describe_overlong(found)}. {way_out}")
+        if len(found) == len(dataset):
+            raise ValueError(f"Every prompt of the {split} ({len(found)}) {why}: {describe_overlong(found)}.")
+        warnings.warn(
+            f"{len(found)} of the {len(dataset)} prompts of the {split} {why} and were removed (filter_overlong_prompts"
+            f"=True): {describe_overlong(found)}.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+        dropped = {item.index for item in found}
+        return dataset.select([i for i in range(len(dataset)) if i not in dropped])
+
+    def _rendered_prompts(self, prompts: list) -> list[str]:
+        """Each prompt's text as generation sees it (the chat template applied as TRL's ``_tokenize_prompts`` does)."""
+        if not (prompts and isinstance(prompts[0], list)):
+            return [str(prompt) for prompt in prompts]
+        return self.processing_class.apply_chat_template(
+            conversation=prompts,
+            tools=self.tools or None,
+            chat_template=self.chat_template,
+            add_generation_prompt=True,
+            tokenize=False,
+            **self.chat_template_kwargs,
+        )
+
+    def _prompt_token_counts(self, prompts: list) -> list[int]:
+        """The exact prompt lengths TRL generates from (its own tokenization)."""
+        prompt_ids, _, _ = self._tokenize_prompts(prompts)
+        return [len(ids) for ids in prompt_ids]
 
     def _bare_model(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
         """``accelerator.unwrap_model(model)`` (the trained model by default), kept per wrapper: accelerate reads
@@ -590,16 +675,25 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         return next_round_groups
 
     def _extra_round_inputs(self, num_prompts: int, template: dict) -> list[dict]:
-        """This process's rows of a fresh generation round of ``num_prompts`` prompts from the seeded stream, each
-        repeated ``num_generations`` times, laid out across processes as TRL's sampler does."""
-        stream = self._prompt_state.extra_prompts()
-        indices = [i for i in stream.take(num_prompts) for _ in range(self.num_generations)]
+        """This process's rows of a fresh generation round of ``num_prompts`` prompts (from the seeded stream of
+        indices, or from the streaming dataset itself), each repeated ``num_generations`` times, laid out across
+        processes as TRL's sampler does. Repeats are copies, as TRL's own repeats are (TRL writes into its rows)."""
+        prompts = self._prompt_state.extra_rows(num_prompts)
         columns = set(template)
-        rows = []
-        for index in indices[self._local_rows(len(indices) // self.accelerator.num_processes)]:
-            row = self.train_dataset[index]
-            rows.append({key: value for key, value in row.items() if key in columns})
-        return rows
+        rows = [{key: value for key, value in row.items() if key in columns} for row in prompts]
+        repeated = [row for row in rows for _ in range(self.num_generations)]
+        local = repeated[self._local_rows(len(repeated) // self.accelerator.num_processes)]
+        return [copy.deepcopy(row) for row in local]
+
+    def _open_stream_pass(self, pass_index: int, skip: int):
+        """An iterator over pass ``pass_index`` of the streaming training set for dynamic sampling's extra prompts,
+        after its first ``skip`` rows: reshuffled per pass (a seed apart from the dataloader's) when TRL shuffles."""
+        dataset = self.train_dataset
+        if self.shuffle_dataset:
+            dataset = dataset.shuffle(seed=self.args.seed + 7919 * (pass_index + 1))
+        if skip:
+            dataset = dataset.skip(skip)
+        return iter(dataset)
 
     @property
     def _retired_prompts(self) -> RetiredPrompts:

@@ -167,10 +167,13 @@ def test_no_positive_resampling_retires_passing_prompts(tiny_model_path, tmp_pat
     assert later and all(not p.startswith("fixed") for prompts in later for p in prompts)
 
 
-def test_dynamic_sampling_rejects_an_iterable_dataset(tiny_model_path, tmp_path):
+def test_dynamic_sampling_draws_extra_rounds_from_an_iterable_dataset(tiny_model_path, tmp_path):
+    # (was refused) Extra prompts come from the stream itself; see tests/journeys/test_streaming.py for the resume.
     iterable = flagged_prompts(4, 4).to_iterable_dataset()
-    with pytest.raises(ValueError, match="dynamic_sampling need a map-style training dataset"):
-        _build(tiny_model_path, iterable, flagged_reward, output_dir=str(tmp_path))
+    trainer, _ = _build(tiny_model_path, iterable, flagged_reward, output_dir=str(tmp_path), max_steps=2)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert trainer.sampling_state_dict()["prompt_stream"]["streamed"]
 
 
 def _run_with_checkpoints(model_path, output_dir, stop_at=None, resume=None):
