@@ -391,9 +391,16 @@ def never_solved(completions, **kwargs):
     return [0.0] * len(completions)
 
 
+@pytest.mark.slow
 def test_no_positive_resampling_with_several_rewards_needs_task_reward_funcs(tiny_model_path, tmp_path):
-    with pytest.raises(ValueError, match=r"task reward is ambiguous.*task_reward_funcs=\['never_solved'\]"):
-        _trainer(tiny_model_path, tmp_path, [never_solved, format_bonus], tr.ScaleRLTrainer)
+    # (was a ValueError at construction; TRL trains such a run, so this one trains too and retires nothing)
+    with pytest.warns(
+        UserWarning, match=r"task reward is ambiguous.*No prompt is retired.*task_reward_funcs=\['never_solved'\]"
+    ):
+        trainer = _trainer(tiny_model_path, tmp_path, [never_solved, format_bonus], tr.ScaleRLTrainer)
+    trainer.train()  # format_bonus passes every completion: judged on it, every prompt would retire
+    assert trainer.state.global_step == 3 and len(trainer._retired_prompts) == 0
+    assert set(logged_metric(trainer, "group_selection/retirement_suspended")) == {1.0}
 
 
 def test_task_reward_funcs_must_name_reward_functions(tiny_model_path, tmp_path):

@@ -86,6 +86,33 @@ def batch_advantages_and_weights(
     return advantages, weights, active_rows
 
 
+#: Per-row tensors as long as the prompt and the completion together (aligned with the input ids): regrouping rows of
+#: generation rounds with other lengths pads their prompt part on the left and their completion part on the right.
+SPANNING_KEYS = ("token_type_ids", "mm_token_type_ids")
+_PROMPT_PART, _COMPLETION_PART = "prompt_part:", "completion_part:"
+
+
+def split_spanning(rows: dict, prompt_length: int) -> dict:
+    """``rows`` with each :data:`SPANNING_KEYS` tensor cut at ``prompt_length`` into a prompt part (padded on the left
+    by :func:`stack_rows`) and a completion part (padded on the right); :func:`join_spanning` puts them back."""
+    out = {}
+    for key, value in rows.items():
+        if key in SPANNING_KEYS and isinstance(value, torch.Tensor) and value.dim() == 2:
+            out[_PROMPT_PART + key], out[_COMPLETION_PART + key] = value[:, :prompt_length], value[:, prompt_length:]
+        else:
+            out[key] = value
+    return out
+
+
+def join_spanning(rows: dict) -> dict:
+    """The inverse of :func:`split_spanning`."""
+    out = {key: value for key, value in rows.items() if not key.startswith((_PROMPT_PART, _COMPLETION_PART))}
+    for key in SPANNING_KEYS:
+        if _PROMPT_PART + key in rows:
+            out[key] = torch.cat([rows[_PROMPT_PART + key], rows[_COMPLETION_PART + key]], dim=1)
+    return out
+
+
 def left_padded(key: str) -> bool:
     """Whether TRL pads the per-row tensor ``key`` on the left."""
     return key.startswith("prompt_")  # TRL left-pads prompts and right-pads completions
@@ -97,13 +124,17 @@ def pad_value(key: str, pad_token_id: int) -> int:
 
 
 def stack_rows(
-    batches: list[dict[str, torch.Tensor]], sources: list[tuple[int, int]], pad_token_id: int
-) -> dict[str, torch.Tensor]:
+    batches: list[dict[str, torch.Tensor | list]], sources: list[tuple[int, int]], pad_token_id: int
+) -> dict[str, torch.Tensor | list]:
     """Rows ``batches[b][key][i]`` for ``(b, i)`` in ``sources``, stacked per key and padded to a common length
-    (left for prompts, right for completions)."""
+    (left for prompts, right for completions). A key held as a list, one entry per row (a multimodal row's image
+    patches, its image count), stays a list of the picked entries."""
     stacked = {}
     for key in batches[0]:
         picked = [batches[b][key][i] for b, i in sources]
+        if isinstance(batches[0][key], list):
+            stacked[key] = picked
+            continue
         if picked[0].dim() == 0:
             stacked[key] = torch.stack(picked)
             continue

@@ -27,6 +27,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
 from ._warnings import user_stacklevel
 from .logits import (
@@ -52,6 +53,26 @@ FORWARD_KEYS = (
     "mm_token_type_ids",
     "image_position_ids",
 )
+#: Of those, the ones that are bookkeeping for slicing (how many images or tiles a row has), not model inputs.
+_SLICING_ONLY_KEYS = ("num_images", "num_tiles")
+
+
+def model_inputs(batch: dict, rows: slice | None = None) -> dict:
+    """The multimodal inputs of ``batch`` (TRL's generation output or a micro-batch of it) that the model's forward
+    takes, for the rows ``rows`` (all by default). Image-indexed tensors (``pixel_values`` by patch or tile,
+    ``image_grid_thw`` by image, ...) are cut per row with TRL's own ``split_pixel_values_by_grid`` and joined back with
+    ``unsplit_pixel_values_by_grid``, so every model family TRL supports is sliced as TRL slices it."""
+    present = {key: batch[key] for key in FORWARD_KEYS if batch.get(key) is not None}
+    if not present:
+        return {}
+    if rows is not None:
+        per_row = split_pixel_values_by_grid(present)
+        per_row = {
+            key: value[rows] if isinstance(value, list) or (torch.is_tensor(value) and value.dim() > 0) else value
+            for key, value in per_row.items()
+        }
+        present = unsplit_pixel_values_by_grid(per_row)
+    return {key: value for key, value in present.items() if key not in _SLICING_ONLY_KEYS}
 
 
 class TopKForwardMixin:
@@ -68,11 +89,14 @@ class TopKForwardMixin:
     def _uses_topk_divergence(self) -> bool:
         return "rollout_topk_logps" in required_inputs(self.args.policy_loss, divergence=self.args.dppo_divergence)
 
-    def _final_hidden_states(self, model, input_ids, attention_mask, num_completion_tokens, compute_aux_loss):
+    def _final_hidden_states(
+        self, model, input_ids, attention_mask, num_completion_tokens, compute_aux_loss, extra_inputs=None
+    ):
         """One forward that keeps logits for the last position only. Returns the final hidden states of the positions
         that predict the completion tokens, the LM head as ``(weight, bias, logit_scale, softcap)`` (``None`` when the
         hidden states do not reproduce the model's logits, e.g. a PEFT adapter on the LM head or an unusual output
-        scaling), the model output (for the aux loss) and the last position's logits."""
+        scaling), the model output (for the aux loss) and the last position's logits. ``extra_inputs``: the
+        multimodal inputs of these rows (:func:`model_inputs`)."""
         kwargs = {"output_router_logits": True} if compute_aux_loss else {}
         with self.accelerator.autocast():
             out = model(
@@ -81,6 +105,7 @@ class TopKForwardMixin:
                 output_hidden_states=True,
                 logits_to_keep=1,
                 **kwargs,
+                **(extra_inputs or {}),
             )
         hidden = out.hidden_states[-1]
         head_module = self._bare_model(model).get_output_embeddings()
@@ -112,12 +137,18 @@ class TopKForwardMixin:
         start = hidden.size(1) - num_completion_tokens - 1
         return hidden[:, start:-1], head, out
 
-    def _completion_logits(self, model, input_ids, attention_mask, num_completion_tokens, compute_aux_loss):
+    def _completion_logits(
+        self, model, input_ids, attention_mask, num_completion_tokens, compute_aux_loss, extra_inputs=None
+    ):
         """Fallback: the ``[B, T, V]`` logits of the positions that predict the completion tokens (one such tensor)."""
         kwargs = {"output_router_logits": True} if compute_aux_loss else {}
         with self.accelerator.autocast():
             out = model(
-                input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=num_completion_tokens + 1, **kwargs
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                logits_to_keep=num_completion_tokens + 1,
+                **kwargs,
+                **(extra_inputs or {}),
             )
         return out.logits[:, :-1], out
 
@@ -151,6 +182,7 @@ class TopKForwardMixin:
         attention_mask,
         num_completion_tokens: int,
         compute_aux_loss: bool,
+        extra_inputs: dict | None = None,
     ):
         """One model forward in which ``head_fn(hidden, weight, bias)`` replaces the LM head's own forward, ``hidden``
         being the final hidden states that predict the completion tokens. Returns what ``head_fn`` returned (as the
@@ -164,6 +196,7 @@ class TopKForwardMixin:
                     attention_mask=attention_mask,
                     logits_to_keep=num_completion_tokens + 1,
                     **kwargs,
+                    **(extra_inputs or {}),
                 )
         finally:
             del head.forward  # the class's forward again
@@ -250,11 +283,6 @@ class TopKForwardMixin:
         :meth:`_keep_engine_topk`); otherwise the training model's own no-grad forward on the generation batch."""
         if self._engine_topk:  # empty when a custom rollout_func generated instead of vllm_generation.generate
             return self._engine_rollout_topk(output)
-        if any(key in output for key in FORWARD_KEYS):
-            raise ValueError(
-                f"dppo_divergence={self.args.dppo_divergence!r} does not support multimodal inputs; use 'binary_tv' or "
-                "'binary_kl'."
-            )
         completion_ids = output["completion_ids"]
         input_ids = torch.cat([output["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
@@ -265,13 +293,17 @@ class TopKForwardMixin:
             for start in range(0, input_ids.size(0), batch_size):
                 rows = slice(start, start + batch_size)
                 chunk = self._rollout_topk_rows(
-                    input_ids[rows], attention_mask[rows], completion_ids[rows], sharded_head
+                    input_ids[rows],
+                    attention_mask[rows],
+                    completion_ids[rows],
+                    sharded_head,
+                    model_inputs(output, rows),
                 )
                 ids.append(chunk[0])
                 logps.append(chunk[1])
         return {"rollout_topk_ids": torch.cat(ids), "rollout_topk_logps": torch.cat(logps)}
 
-    def _rollout_topk_rows(self, input_ids, attention_mask, completion_ids, sharded_head):
+    def _rollout_topk_rows(self, input_ids, attention_mask, completion_ids, sharded_head, extra_inputs=None):
         """The rollout top-K ``(ids, logps)`` of some rows: LM head inside the forward (sharded head), on the final
         hidden states, or from the logits (the fallback)."""
         found = []
@@ -294,23 +326,28 @@ class TopKForwardMixin:
         length = completion_ids.size(1)
         if sharded_head is not None:
             self._head_inside_forward(
-                self.model, sharded_head, topk_from_hidden, input_ids, attention_mask, length, False
+                self.model, sharded_head, topk_from_hidden, input_ids, attention_mask, length, False, extra_inputs
             )
             return found[0]
         head = None
         if self._lm_head_from_hidden:
-            hidden, head, _ = self._final_hidden_states(self.model, input_ids, attention_mask, length, False)
+            hidden, head, _ = self._final_hidden_states(
+                self.model, input_ids, attention_mask, length, False, extra_inputs
+            )
             self._lm_head_from_hidden = head is not None
         if head is not None:
             topk_from_hidden(hidden, *head)
             return found[0]
-        logits, _ = self._completion_logits(self.model, input_ids, attention_mask, length, False)
+        logits, _ = self._completion_logits(self.model, input_ids, attention_mask, length, False, extra_inputs)
         return rollout_topk(logits, completion_ids, k=self.args.dppo_topk, temperature=self.temperature)
 
-    def _topk_forward(self, model, input_ids, attention_mask, completion_ids, topk_ids, compute_aux_loss):
+    def _topk_forward(
+        self, model, input_ids, attention_mask, completion_ids, topk_ids, compute_aux_loss, extra_inputs=None
+    ):
         """The current policy's sampled-token log-probs (with gradient), entropies, log-probs at the stored top-K ids
         (with gradient) and MoE aux loss, chunked over positions so no ``[B, T, V]`` tensor is built when the LM head
-        can be applied to the hidden states (otherwise one: the logits)."""
+        can be applied to the hidden states (otherwise one: the logits). ``extra_inputs``: the rows' multimodal
+        inputs (:func:`model_inputs`)."""
         head = None
         sharded_head = self._sharded_lm_head(model) if self._lm_head_from_hidden else None
         if sharded_head is not None:
@@ -330,12 +367,13 @@ class TopKForwardMixin:
                 attention_mask,
                 completion_ids.size(1),
                 compute_aux_loss,
+                extra_inputs,
             )
             aux_loss = out.aux_loss if compute_aux_loss else None
             return packed[..., 0], packed[..., 1].detach(), packed[..., 2:], aux_loss
         if self._lm_head_from_hidden:
             hidden, head, out = self._final_hidden_states(
-                model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss
+                model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss, extra_inputs
             )
             self._lm_head_from_hidden = head is not None
         if head is not None:
@@ -352,7 +390,7 @@ class TopKForwardMixin:
             )
         else:
             logits, out = self._completion_logits(
-                model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss
+                model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss, extra_inputs
             )
             logps, entropies, topk_logps = chunked_logps(
                 logits, completion_ids, topk_ids, temperature=self.temperature

@@ -38,12 +38,20 @@ from datasets import IterableDataset
 from packaging.version import Version
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import add_fused_lm_head
+from trl.trainer.utils import add_fused_lm_head, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
 from ._warnings import user_stacklevel
 from .advantages import ADVANTAGE_ESTIMATORS
 from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
-from .batch import TrainBatch, batch_advantages_and_weights, left_padded, pad_value, stack_rows
+from .batch import (
+    TrainBatch,
+    batch_advantages_and_weights,
+    join_spanning,
+    left_padded,
+    pad_value,
+    split_spanning,
+    stack_rows,
+)
 from .callbacks import PromptSamplingCallback
 from .checkpoints import SAMPLING_STATE_FILE, last_complete_checkpoint, read_sampling_state, write_json_atomically
 from .config import ReasoningConfig
@@ -78,7 +86,7 @@ from .shaping import (
     normalize_then_sum_rewards,
     sequence_kl,
 )
-from .topk_forward import FORWARD_KEYS, TopKForwardMixin
+from .topk_forward import FORWARD_KEYS, TopKForwardMixin, model_inputs
 from .trl_mirror import k3_kl, masked_means_over_processes
 
 logger = logging.getLogger(__name__)
@@ -109,6 +117,9 @@ TRL_PRIVATE_API: dict[str, tuple[str, ...]] = {
 #: parameter names relied on. Checked against TRL 1.16.0.
 TRL_HELPER_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "add_fused_lm_head": ("model", "temperature", "cast_lm_head_to_fp32", "outputs"),
+    # multimodal rows: image tensors cut into one entry per row and joined back (dynamic sampling, DPPO top-K)
+    "split_pixel_values_by_grid": ("batch",),
+    "unsplit_pixel_values_by_grid": ("batch",),
 }
 #: ``trl.generation.vllm_generation.VLLMGeneration``: the public ``generate`` that DPPO top-K wraps on
 #: ``GRPOTrainer.vllm_generation`` (its leading parameters and its 4-tuple ``(prompt_ids, completion_ids, logprobs,
@@ -278,6 +289,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             else wrap_reward_function(func, name, self.args.on_reward_error, self.args.reward_timeout)
             for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
         ]
+        self._ambiguous_task_reward = False
         self._task_reward_columns = self._resolve_task_reward_columns()
         self._group_selection = resolve_group_selection(self.args)
         self._generates_extra_rounds = (
@@ -346,12 +358,17 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         names, available = self.args.task_reward_funcs, list(self.reward_func_names)
         if names is None:
             if self.args.positive_resampling_threshold is not None and len(available) > 1:
-                raise ValueError(
+                # Not an error, since TRL trains such a run: retirement waits for the user to say what a pass is.
+                self._ambiguous_task_reward = True
+                warnings.warn(
                     f"positive_resampling_threshold={self.args.positive_resampling_threshold} retires prompts whose "
                     f"task reward passes, but with several reward functions ({', '.join(available)}) the task reward "
-                    "is ambiguous: a format or length bonus alone could retire a prompt the model never solved. Set "
-                    "task_reward_funcs to the functions that judge correctness, e.g. "
-                    f"task_reward_funcs=[{available[0]!r}]."
+                    "is ambiguous: a format or length bonus alone could retire a prompt the model never solved. No "
+                    "prompt is retired in this run (training goes on over every prompt, as in TRL). Set "
+                    "task_reward_funcs to the functions that judge correctness to retire prompts, e.g. "
+                    f"task_reward_funcs=[{available[0]!r}].",
+                    UserWarning,
+                    stacklevel=user_stacklevel(),
                 )
             return torch.ones(len(available), dtype=torch.bool)
         unknown = [name for name in names if name not in available]
@@ -623,7 +640,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
                 stacklevel=user_stacklevel(),
             )
         local_rows = self._local_rows(local_size)
-        output = {key: value[local_rows] for key, value in batch.items()}
+        output = unsplit_pixel_values_by_grid(join_spanning({key: value[local_rows] for key, value in batch.items()}))
         loss_mask = _loss_tokens(output)
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         advantages = self._finalize_batch(output, rewards, plan.active, "train", local_rows, log_advantages=False)
@@ -640,16 +657,23 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         logged.extend(logged_values)
         return output
 
-    def _gather_rows(self, output: dict, local_size: int) -> dict[str, torch.Tensor]:
-        """Every per-row tensor of a TRL output, gathered from all processes (padded to a common length)."""
+    def _gather_rows(self, output: dict, local_size: int) -> dict[str, torch.Tensor | list]:
+        """Every row of a TRL output, gathered from all processes: per-row tensors padded to a common length; a
+        multimodal row's image tensors (TRL's ``split_pixel_values_by_grid``: its patches, grids, image count) as a
+        list, one entry per row; token-type ids cut into their prompt and completion parts (``split_spanning``)."""
+        per_row = split_pixel_values_by_grid(
+            {key: value for key, value in output.items() if key != "num_items_in_batch"}
+        )
+        per_row = split_spanning(per_row, output["prompt_ids"].shape[1])
         rows = {}
-        for key, value in output.items():
-            if key == "num_items_in_batch":
+        for key, value in per_row.items():
+            if isinstance(value, list) and len(value) == local_size:
+                rows[key] = self._gather_list(value)
                 continue
             if not (isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == local_size):
                 raise ValueError(
-                    f"dynamic_sampling cannot regroup the generation output {key!r} (multimodal and other non "
-                    "per-row inputs are not supported with dynamic sampling). Set dynamic_sampling=False."
+                    f"dynamic_sampling cannot regroup the generation output {key!r}, which is not one entry per row "
+                    f"({type(value).__name__}). Set dynamic_sampling=False."
                 )
             if value.dim() >= 2:
                 value = self.accelerator.pad_across_processes(
@@ -657,6 +681,15 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
                 )
             rows[key] = self.accelerator.gather(value)
         return rows
+
+    def _gather_list(self, values: list) -> list:
+        """A per-row list from every process, in process order (tensors travel through the CPU and come back to
+        this process's device)."""
+        if self.accelerator.num_processes == 1:
+            return list(values)
+        gathered = gather_object([value.cpu() if isinstance(value, torch.Tensor) else value for value in values])
+        device = self.accelerator.device
+        return [value.to(device) if isinstance(value, torch.Tensor) else value for value in gathered]
 
     def _extra_round_sizer(self, full_round: int):
         """``sample_groups``' sizer of extra rounds: from the keep rate measured so far in the step, or a full batch
@@ -713,6 +746,9 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         """ScaleRL's no-positive-resampling: retire the prompts whose group pass rate reached the threshold."""
         threshold = self.args.positive_resampling_threshold
         if threshold is None:
+            return
+        if self._ambiguous_task_reward:
+            self._metrics["train"]["group_selection/retirement_suspended"].append(1.0)
             return
         pass_threshold = self.args.task_pass_threshold
         if pass_threshold is None and not is_correctness_reward(task_rewards):
@@ -1004,7 +1040,13 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         if self._uses_topk_divergence:
             return self._topk_forward(
-                model, input_ids, attention_mask, completion_ids, inputs["rollout_topk_ids"], self.aux_loss_enabled
+                model,
+                input_ids,
+                attention_mask,
+                completion_ids,
+                inputs["rollout_topk_ids"],
+                self.aux_loss_enabled,
+                model_inputs(inputs),
             )
         logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
             model,
