@@ -1,8 +1,14 @@
-"""The demo: warm start a tiny model with SFT, train it with an RL preset, and measure it on held-out problems.
+"""The main job: train a model with an RL preset and measure it on held-out problems, offline.
 
-``trl-reasoning demo`` and ``python -m trl_reasoning.demo`` both land in [`run_demo`]. It prints a before/after table
-(greedy held-out accuracy, pass@1, pass@k, mean completion length), saves the reward/accuracy curves as a PNG, and
-writes the trained model folder with its model card.
+``trl-reasoning demo`` and ``python -m trl_reasoning.demo`` both land in [`run_demo`]. Two models:
+
+- ``--model smollm2-135m-instruct`` (the default): the real pretrained SmolLM2-135M-Instruct (converted once from the
+  registry wheel, ``trl_reasoning.pretrained``) with LoRA on one-step arithmetic (``demo.arithmetic``);
+- ``--model tiny`` (``--fast`` and the fast tests): a tiny Qwen2 warm-started with SFT on digit reversal taught by a
+  sloppy teacher (``demo.task``).
+
+It prints a before/after table (greedy held-out accuracy, pass@1, pass@k, mean completion length), saves the
+reward/accuracy curves as a PNG, and writes the trained model folder with its model card.
 """
 
 from __future__ import annotations
@@ -15,8 +21,13 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from .arithmetic import ArithmeticTask, last_number_reward
 from .task import ReversalTask, exact_match_reward
 from .warm_start import WarmStartSettings, warm_start
+
+#: The model the main job trains unless told otherwise, and the name of the tiny one.
+DEFAULT_MODEL = "smollm2-135m-instruct"
+TINY_MODEL = "tiny"
 
 
 @dataclass
@@ -28,54 +39,98 @@ class DemoArguments:
         algorithm (`str`, *optional*, defaults to `"dapo"`):
             The preset to train with: a subcommand name of `trl-reasoning` (`dapo`, `cispo`, `dppo`, `maxrl`, `rloo`,
             `dr_grpo`, `scalerl`, …).
+        model (`str`, *optional*, defaults to `"smollm2-135m-instruct"`):
+            `"smollm2-135m-instruct"`: the real pretrained SmolLM2-135M-Instruct, trained with LoRA on one-step
+            arithmetic ([`ArithmeticTask`]). `"tiny"`: a tiny Qwen2 warm-started with SFT on digit reversal
+            ([`ReversalTask`]); `fast=True` uses it unless a model is named.
+        kinds (`str`, *optional*, defaults to `"add"`):
+            Real model: the arithmetic kinds, comma-separated (`add`, `sub`, `mul`, `compare`).
+        lora_r (`int`, *optional*, defaults to `16`):
+            Real model: the LoRA rank on every linear layer; `0` trains every weight.
         fast (`bool`, *optional*, defaults to `False`):
             A smoke run (tiny warm start, a few RL steps, a small evaluation) for tests; its numbers mean nothing.
         warm_start_steps (`int`, *optional*, defaults to `400`):
-            Optimizer steps of the supervised warm start.
+            Tiny model: optimizer steps of the supervised warm start.
         hidden_size (`int`, *optional*, defaults to `64`), num_layers (`int`, *optional*, defaults to `2`):
             Shape of the tiny Qwen2.
-        num_digits, num_train, num_test, teacher_error_rate, task_seed:
-            The task: see [`ReversalTask`].
-        eval_num_samples (`int`, *optional*, defaults to `16`):
-            Completions sampled per held-out prompt for pass@k (`n`).
-        eval_k (`int`, *optional*, defaults to `8`):
-            The `k` of the reported pass@k (pass@1 is always reported).
-        eval_every (`int`, *optional*, defaults to `10`):
-            Held-out evaluation (for the curve) every this many RL steps; `0` turns it off.
+        num_digits, teacher_error_rate:
+            Tiny model's task: see [`ReversalTask`].
+        num_train (`int`, *optional*), num_test (`int`, *optional*), task_seed (`int`, *optional*, defaults to `0`):
+            Training rows, held-out problems (disjoint) and the seed of the task; `None` takes the model's defaults
+            (tiny: 4000 and 200; real: 1024 and 32).
+        eval_num_samples (`int`, *optional*), eval_k (`int`, *optional*, defaults to `8`):
+            Completions sampled per held-out prompt for pass@k (`n`; tiny 16, real 8) and the reported `k`.
+        eval_every (`int`, *optional*):
+            Held-out evaluation (for the curve) every this many RL steps; `0` turns it off (tiny 10, real 0: each
+            evaluation of the real model costs about as much as two training steps).
         num_threads (`int`, *optional*, defaults to `1`):
-            torch intra-op threads while the demo runs (restored afterwards); `0` keeps torch's default. One thread is
-            as fast for the tiny model, and with other processes on the cores, several threads spin against each
-            other (measured here: SFT warm start 12 s with one thread, 567 s with two on a loaded 2-core machine).
+            torch intra-op threads while the demo runs (restored afterwards); `0` keeps torch's default. With other
+            processes on the cores, several threads spin against each other (measured here: the tiny warm start 12 s
+            with one thread, 567 s with two on a loaded 2-core machine; a forward of the real model 2.2 s with one,
+            11.9 s with two).
         cache_dir (`str`, *optional*):
-            Where the warm-start checkpoint is cached (default `$TRL_REASONING_CACHE` or `~/.cache/trl-reasoning`).
+            The cache of the warm start and the converted real model (default `$TRL_REASONING_CACHE` or
+            `~/.cache/trl-reasoning`).
         no_cache (`bool`, *optional*, defaults to `False`):
             Retrain the warm start even if a cached one exists.
     """
 
     algorithm: str = field(default="dapo", metadata={"help": "The preset to train with (a trl-reasoning subcommand)."})
+    model: str = field(
+        default=DEFAULT_MODEL,
+        metadata={
+            "help": f"'{DEFAULT_MODEL}' (the real pretrained model, LoRA, one-step arithmetic) or 'tiny' (a tiny "
+            "Qwen2 warm-started on digit reversal; what --fast uses)."
+        },
+    )
+    kinds: str = field(
+        default="add", metadata={"help": "Real model: the arithmetic kinds, comma-separated (add, sub, mul, compare)."}
+    )
+    lora_r: int = field(
+        default=16, metadata={"help": "Real model: LoRA rank on every linear layer (0 = full fine-tuning)."}
+    )
     fast: bool = field(default=False, metadata={"help": "Smoke run for tests: few steps, small evaluation."})
-    warm_start_steps: int = field(default=400, metadata={"help": "Optimizer steps of the SFT warm start."})
+    warm_start_steps: int = field(default=400, metadata={"help": "Tiny model: optimizer steps of the SFT warm start."})
     hidden_size: int = field(default=64, metadata={"help": "Hidden size of the tiny Qwen2."})
     num_layers: int = field(default=2, metadata={"help": "Layers of the tiny Qwen2."})
-    num_digits: int = field(default=4, metadata={"help": "Digits per problem."})
-    num_train: int = field(default=4000, metadata={"help": "Training problems."})
-    num_test: int = field(default=200, metadata={"help": "Held-out problems (disjoint from training)."})
+    num_digits: int = field(default=4, metadata={"help": "Tiny model: digits per problem."})
+    num_train: int | None = field(default=None, metadata={"help": "Training rows (None: tiny 4000, real 1024)."})
+    num_test: int | None = field(
+        default=None, metadata={"help": "Held-out problems, disjoint from training (None: tiny 200, real 32)."}
+    )
     teacher_error_rate: float = field(
-        default=0.6, metadata={"help": "Fraction of warm-start demonstrations that copy instead of reversing."}
+        default=0.6,
+        metadata={"help": "Tiny model: fraction of warm-start demonstrations that copy instead of reversing."},
     )
     task_seed: int = field(default=0, metadata={"help": "Seed of the problem generator."})
-    eval_num_samples: int = field(default=16, metadata={"help": "Samples per held-out prompt for pass@k (n)."})
+    eval_num_samples: int | None = field(
+        default=None, metadata={"help": "Samples per held-out prompt for pass@k (n; None: tiny 16, real 8)."}
+    )
     eval_k: int = field(default=8, metadata={"help": "k of the reported pass@k."})
-    eval_every: int = field(default=10, metadata={"help": "Held-out evaluation every N RL steps (0 = off)."})
+    eval_every: int | None = field(
+        default=None, metadata={"help": "Held-out evaluation every N RL steps (0 = off; None: tiny 10, real 0)."}
+    )
     num_threads: int = field(
         default=1,
         metadata={
-            "help": "torch intra-op threads during the demo (0 = torch's default). The tiny model gains nothing from "
-            "more, and on a busy machine spinning OpenMP threads slow the demo down tenfold or more."
+            "help": "torch intra-op threads during the demo (0 = torch's default). On a busy machine spinning OpenMP "
+            "threads slow the demo down several times."
         },
     )
-    cache_dir: str | None = field(default=None, metadata={"help": "Warm-start cache directory."})
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache of the warm start and the real model."})
     no_cache: bool = field(default=False, metadata={"help": "Retrain the warm start even if cached."})
+
+    def __post_init__(self):
+        if self.model not in (DEFAULT_MODEL, TINY_MODEL):
+            raise ValueError(f"demo: model must be {DEFAULT_MODEL!r} or {TINY_MODEL!r}, got {self.model!r}.")
+        defaults = MODEL_DEFAULTS[self.model]
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+
+    @property
+    def real(self) -> bool:
+        return self.model != TINY_MODEL
 
     def task(self) -> ReversalTask:
         return ReversalTask(
@@ -86,11 +141,21 @@ class DemoArguments:
             seed=self.task_seed,
         )
 
+    def arithmetic_task(self) -> ArithmeticTask:
+        kinds = tuple(kind.strip() for kind in self.kinds.split(",") if kind.strip())
+        return ArithmeticTask(kinds=kinds, num_train=self.num_train, num_test=self.num_test, seed=self.task_seed)
+
     def warm_start_settings(self) -> WarmStartSettings:
         return WarmStartSettings(
             hidden_size=self.hidden_size, num_layers=self.num_layers, max_steps=self.warm_start_steps
         )
 
+
+#: Per-model defaults of the DemoArguments fields left at None.
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    TINY_MODEL: {"num_train": 4000, "num_test": 200, "eval_num_samples": 16, "eval_every": 10},
+    DEFAULT_MODEL: {"num_train": 1024, "num_test": 32, "eval_num_samples": 8, "eval_every": 0},
+}
 
 #: DemoArguments values that `fast=True` uses instead of the defaults (explicit values still win).
 FAST_DEMO_DEFAULTS: dict[str, Any] = {
@@ -103,10 +168,12 @@ FAST_DEMO_DEFAULTS: dict[str, Any] = {
 }
 
 
-def demo_training_defaults(num_digits: int = 4, fast: bool = False) -> dict[str, Any]:
+def demo_training_defaults(num_digits: int = 4, fast: bool = False, model: str = TINY_MODEL) -> dict[str, Any]:
     """Config values that the demo uses unless the command line or YAML sets them: CPU, fp32, a short run."""
     from .tiny import cpu_config_kwargs
 
+    if model != TINY_MODEL:
+        return cpu_config_kwargs(output_dir="outputs/trl-reasoning-demo", **REAL_MODEL_TRAINING)
     defaults = cpu_config_kwargs(
         output_dir="outputs/trl-reasoning-demo",
         per_device_train_batch_size=128,
@@ -127,6 +194,23 @@ def demo_training_defaults(num_digits: int = 4, fast: bool = False) -> dict[str,
             per_device_train_batch_size=16, num_generations=4, max_steps=2, logging_steps=1, max_num_gen_batches=2
         )
     return defaults
+
+
+#: The real model's training settings (measured choices; see bench/RESULTS.md, "The real model").
+REAL_MODEL_TRAINING: dict[str, Any] = dict(
+    per_device_train_batch_size=16,  # 2 prompts x 8 completions a step
+    num_generations=8,
+    max_completion_length=16,
+    learning_rate=3e-4,  # LoRA
+    max_steps=30,
+    logging_steps=1,
+    temperature=1.0,
+    top_k=0,
+    seed=0,
+    max_num_gen_batches=2,  # dynamic sampling: at most one extra round (generation is half a step's time)
+    log_level="warning",
+    dataloader_num_workers=0,
+)
 
 
 class _ProgressPrinter(TrainerCallback):
@@ -211,19 +295,81 @@ def run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[st
         torch.set_num_threads(threads)
 
 
+@dataclass
+class _Setup:
+    """What a demo model brings: the model (object or path) and tokenizer, the datasets and reward, its labels."""
+
+    model: Any
+    tokenizer: Any
+    train: Any
+    test: Any
+    reward: Any
+    task_name: str
+    start_label: str
+    prepared: str
+    peft_config: Any = None
+
+
+def _tiny_setup(demo: DemoArguments) -> _Setup:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    from ..loading import load_tokenizer
+
+    task = demo.task()
+    model_dir, cached = warm_start(task, demo.warm_start_settings(), demo.cache_dir, use_cache=not demo.no_cache)
+    return _Setup(
+        model=AutoModelForCausalLM.from_pretrained(model_dir),
+        tokenizer=load_tokenizer(model_dir),
+        train=Dataset.from_list(task.rl_rows("train")),
+        test=Dataset.from_list(task.rl_rows("test")),
+        reward=exact_match_reward,
+        task_name="digit reversal",
+        start_label="warm start (SFT)",
+        prepared=f"warm start: {'cached' if cached else 'trained'} in {{seconds:.0f}} s ({model_dir})",
+    )
+
+
+def _real_setup(demo: DemoArguments) -> _Setup:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    from ..loading import load_tokenizer
+    from ..pretrained import smollm2_path
+
+    path = smollm2_path(demo.cache_dir)
+    task = demo.arithmetic_task()
+    peft_config = None
+    if demo.lora_r > 0:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=demo.lora_r, lora_alpha=2 * demo.lora_r, target_modules="all-linear", task_type="CAUSAL_LM"
+        )
+    return _Setup(
+        model=AutoModelForCausalLM.from_pretrained(path),
+        tokenizer=load_tokenizer(path),
+        train=Dataset.from_list(task.rl_rows("train")),
+        test=Dataset.from_list(task.rl_rows("test")),
+        reward=last_number_reward,
+        task_name=f"one-step arithmetic ({', '.join(task.kinds)})",
+        start_label="SmolLM2-135M-Instruct",
+        prepared=f"SmolLM2-135M-Instruct ({path})"
+        + (f", LoRA r={demo.lora_r}" if peft_config else ", full fine-tuning"),
+        peft_config=peft_config,
+    )
+
+
 def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[str, Any]:
     """The demo itself, with the threads already set."""
     import datasets
     import transformers
-    from datasets import Dataset
 
     from ..callbacks import PassAtKCallback, evaluate_pass_at_k
-    from ..loading import load_tokenizer
 
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
     started = time.perf_counter()
-    task = demo.task()
     ks = sorted({1, demo.eval_k})
     eval_options = dict(
         num_samples=demo.eval_num_samples,
@@ -232,25 +378,28 @@ def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[s
         temperature=training_args.temperature,
         top_k=training_args.top_k or 0,
         top_p=training_args.top_p,
-        batch_size=64,
+        batch_size=64 if not demo.real else 8,
     )
 
-    model_dir, cached = warm_start(task, demo.warm_start_settings(), demo.cache_dir, use_cache=not demo.no_cache)
-    warm_seconds = time.perf_counter() - started
-    print(f"warm start: {'cached' if cached else 'trained'} in {warm_seconds:.0f} s ({model_dir})", flush=True)
+    setup = (_real_setup if demo.real else _tiny_setup)(demo)
+    prepare_seconds = time.perf_counter() - started
+    print(setup.prepared.format(seconds=prepare_seconds), flush=True)
 
-    from transformers import AutoModelForCausalLM
-
-    tokenizer = load_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    test = Dataset.from_list(task.rl_rows("test"))
-    before = evaluate_pass_at_k(model, tokenizer, test, exact_match_reward, **eval_options)
+    tokenizer, test, reward = setup.tokenizer, setup.test, setup.reward
+    eval_started = time.perf_counter()
+    before = evaluate_pass_at_k(setup.model, tokenizer, test, reward, **eval_options)
+    eval_seconds = time.perf_counter() - eval_started
+    print(
+        f"before: held-out accuracy {before['accuracy']:.3f}, pass@1 {before['pass@1']:.3f} ({eval_seconds:.0f} s)",
+        flush=True,
+    )
     trainer = trainer_class(
-        model=model,
-        reward_funcs=exact_match_reward,
+        model=setup.model,
+        reward_funcs=reward,
         args=training_args,
-        train_dataset=Dataset.from_list(task.rl_rows("train")),
+        train_dataset=setup.train,
         processing_class=tokenizer,
+        peft_config=setup.peft_config,
     )
     trainer.remove_callback(transformers.PrinterCallback)
     trainer.add_callback(_ProgressPrinter())
@@ -259,7 +408,7 @@ def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[s
         curve = PassAtKCallback(
             trainer,
             test,
-            exact_match_reward,
+            reward,
             eval_steps=demo.eval_every,
             **{**eval_options, "ks": (1,), "num_samples": 4},
         )
@@ -267,7 +416,9 @@ def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[s
     rl_started = time.perf_counter()
     trainer.train()
     rl_seconds = time.perf_counter() - rl_started
-    after = evaluate_pass_at_k(trainer.model, tokenizer, test, exact_match_reward, **eval_options)
+    eval_started = time.perf_counter()
+    after = evaluate_pass_at_k(trainer.model, tokenizer, test, reward, **eval_options)
+    eval_seconds += time.perf_counter() - eval_started
 
     output_dir = Path(training_args.output_dir)
     trainer.save_model(str(output_dir))
@@ -284,35 +435,47 @@ def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[s
         }
     )
     name = getattr(trainer, "_name", trainer_class.__name__)
-    plot = save_curves(output_dir / "curves.png", trainer.state.log_history, evaluations, f"{name} on digit reversal")
+    plot = save_curves(
+        output_dir / "curves.png", trainer.state.log_history, evaluations, f"{name} on {setup.task_name}"
+    )
     total = time.perf_counter() - started
 
     k = demo.eval_k
     print(
-        f"\n{name} on digit reversal: {len(test)} held-out problems, {demo.eval_num_samples} samples each, "
+        f"\n{name} on {setup.task_name}: {len(test)} held-out problems, {demo.eval_num_samples} samples each, "
         f"{trainer.state.global_step} RL steps"
     )
     print(f"| model | held-out accuracy (greedy) | pass@1 | pass@{k} | mean completion length (tokens) |")
     print("|---|---:|---:|---:|---:|")
-    print(_row("warm start (SFT)", before, k))
+    print(_row(setup.start_label, before, k))
     print(_row(f"after {name}", after, k))
     gain = 100 * (after["accuracy"] - before["accuracy"])
     print(
         f"\nheld-out accuracy {gain:+.1f} points, pass@1 {100 * (after['pass@1'] - before['pass@1']):+.1f} points; "
-        f"wall time {total:.0f} s (warm start {warm_seconds:.0f} s, RL {rl_seconds:.0f} s)"
+        f"wall time {total:.0f} s (model {prepare_seconds:.0f} s, evaluation {eval_seconds:.0f} s, RL "
+        f"{rl_seconds:.0f} s)"
     )
     print(
         f"model and model card: {output_dir}" + (f"; curves: {plot}" if plot else " (install matplotlib for the PNG)")
     )
     result = {
         "algorithm": demo.algorithm,
+        "model": demo.model,
+        "task": setup.task_name,
         "before": before,
         "after": after,
-        "seconds": {"warm_start": warm_seconds, "rl": rl_seconds, "total": total},
-        "warm_start_cached": cached,
+        "seconds": {
+            "model": prepare_seconds,
+            "warm_start": prepare_seconds,
+            "evaluation": eval_seconds,
+            "rl": rl_seconds,
+            "total": total,
+        },
+        "warm_start_cached": "warm start: cached" in setup.prepared,
         "output_dir": str(output_dir),
         "plot": str(plot) if plot else None,
         "evaluations": evaluations,
+        "steps": trainer.state.global_step,
     }
     (output_dir / "demo_results.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
