@@ -204,3 +204,35 @@ def cpu_threads() -> None:
     import torch
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+
+
+#: Two-sided 95% critical values of Student's t by degrees of freedom (used when scipy is not installed).
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+_T95.update({11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093})
+_T95.update({20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980})
+
+
+def t_critical(df: int, confidence: float = 0.95) -> float:
+    """Student's t quantile for a two-sided ``confidence`` interval with ``df`` degrees of freedom (scipy when
+    installed; else a table at 95%, rounded toward the wider interval between its rows)."""
+    try:
+        from scipy import stats
+
+        return float(stats.t.ppf(0.5 + confidence / 2, df))
+    except ImportError:
+        if confidence != 0.95:
+            raise
+        return _T95[min((d for d in _T95 if d >= df), default=120)] if df <= 120 else 1.96
+
+
+def t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the mean of ``values`` and its two-sided Student-t interval (``nan`` bounds with fewer
+    than two values). For paired differences (one per seed) this is the paired t interval."""
+    import math
+    import statistics
+
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, math.nan, math.nan
+    half = t_critical(len(values) - 1, confidence) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half

@@ -42,10 +42,22 @@ MODES = {
 }
 
 
-def run(model_path: str, dynamic: bool, extra_round_size: str, steps: int, output_dir: str) -> dict[str, float]:
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}="}]} for i in range(64)])
-    args = tr.DAPOConfig(
-        **cpu_config_kwargs(),
+def run(
+    model_path: str,
+    dynamic: bool,
+    extra_round_size: str,
+    steps: int,
+    output_dir: str,
+    reward=contains_digit,
+    dataset=None,
+    overrides: dict | None = None,
+    peft_config=None,
+) -> dict[str, float]:
+    """One DAPO run with dynamic sampling ``dynamic`` and ``extra_round_size``: the tiny model's workload by default;
+    ``reward``, ``dataset``, ``overrides`` (config values) and ``peft_config`` give another (the real model's)."""
+    if dataset is None:
+        dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}="}]} for i in range(64)])
+    settings = dict(
         output_dir=output_dir,
         per_device_train_batch_size=16,
         num_generations=4,
@@ -54,10 +66,14 @@ def run(model_path: str, dynamic: bool, extra_round_size: str, steps: int, outpu
         learning_rate=2e-3,
         logging_steps=1,
         seed=0,
-        dynamic_sampling=dynamic,
-        extra_round_size=extra_round_size,
     )
-    trainer = tr.DAPOTrainer(model=model_path, reward_funcs=contains_digit, args=args, train_dataset=dataset)
+    settings.update(overrides or {})
+    args = tr.DAPOConfig(
+        **{**cpu_config_kwargs(), **settings}, dynamic_sampling=dynamic, extra_round_size=extra_round_size
+    )
+    trainer = tr.DAPOTrainer(
+        model=model_path, reward_funcs=reward, args=args, train_dataset=dataset, peft_config=peft_config
+    )
     start = time.perf_counter()
     with torch.random.fork_rng():
         torch.manual_seed(0)

@@ -33,8 +33,13 @@ def _outputs_text(notebook) -> str:
     return "\n".join(parts)
 
 
-def test_the_examples_are_the_three_notebooks():
-    assert [p.name for p in NOTEBOOKS] == ["compare-algorithms.ipynb", "gsm8k-lora.ipynb", "quickstart.ipynb"]
+def test_the_examples_are_the_four_notebooks():
+    assert [p.name for p in NOTEBOOKS] == [
+        "compare-algorithms.ipynb",
+        "gsm8k-lora.ipynb",
+        "quickstart.ipynb",
+        "real-model.ipynb",
+    ]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -64,10 +69,10 @@ def test_the_quickstart_swap_is_one_line():
     ]
 
 
-def _execute(name: str, tmp_path: Path, monkeypatch) -> object:
+def _execute(name: str, tmp_path: Path, monkeypatch, cache: Path | None = None) -> object:
     monkeypatch.setenv("TRL_REASONING_NOTEBOOK_QUICK", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRL_REASONING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRL_REASONING_CACHE", str(cache or tmp_path / "cache"))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     notebook = nbformat.read(EXAMPLES / f"{name}.ipynb", as_version=4)
     client = nbclient.NotebookClient(
@@ -97,3 +102,13 @@ def test_gsm8k_lora_skips_its_gpu_and_hub_cells_cleanly(tmp_path, monkeypatch):
     assert "preset dapo: DAPOConfig / DAPOTrainer" in text
     assert "This notebook needs a CUDA GPU and the Hugging Face Hub" in text or "needs the Hugging Face Hub" in text
     assert text.count("skipped:") >= 4
+
+
+def test_real_model_trains_smollm2_on_a_cpu(tmp_path, tmp_path_factory, monkeypatch):
+    from journeys.test_real_model import shared_real_model_cache
+
+    notebook = _execute("real-model", tmp_path, monkeypatch, cache=shared_real_model_cache(tmp_path_factory))
+    text = _outputs_text(notebook)
+    assert "134.5M parameters" in text and "DAPO: 2 steps" in text
+    assert "SmolLM2-135M-Instruct" in text and "after DAPO" in text
+    assert (tmp_path / "outputs" / "real-model" / "dapo" / "adapter_model.safetensors").is_file()

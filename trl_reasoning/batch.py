@@ -114,12 +114,16 @@ def join_spanning(rows: dict) -> dict:
 
 
 def left_padded(key: str) -> bool:
-    """Whether TRL pads the per-row tensor ``key`` on the left."""
-    return key.startswith("prompt_")  # TRL left-pads prompts and right-pads completions
+    """Whether TRL pads the per-row tensor ``key`` on the left: prompts (and the prompt part of a spanning tensor);
+    completions are padded on the right."""
+    return key.startswith(_PROMPT_PART) or (key.startswith("prompt_") and ":" not in key)
 
 
 def pad_value(key: str, pad_token_id: int) -> int:
-    """The padding value of ``key``: the pad token for ids, 0 for masks, log-probs and the rest."""
+    """The padding value of ``key``: the pad token for token ids, 0 for masks, log-probs, token-type ids (either part
+    of a spanning tensor) and the rest."""
+    if key.partition(":")[2] in SPANNING_KEYS or key in SPANNING_KEYS:
+        return 0
     return pad_token_id if key.endswith("_ids") else 0
 
 

@@ -40,7 +40,7 @@ PRESETS: dict[str, tuple[str, str, str]] = {
     "reasoning": ("trl_reasoning.trainer", "ReasoningConfig", "ReasoningTrainer"),
 }
 #: Embedded tasks: `--task NAME` sets the dataset, its formatting and the default reward.
-TASKS = ("reverse", "gsm8k")
+TASKS = ("reverse", "gsm8k", "arithmetic")
 
 
 def trl_soft_overlong_punishment() -> Callable:
@@ -64,8 +64,9 @@ REWARD_FUNCS: dict[str, str | Callable[[], Callable]] = {
     "math_answer_reward": "trl_reasoning.rewards_math:math_answer_reward",
     "exact_match_reward": "trl_reasoning.demo.task:exact_match_reward",
     "digit_reward": "trl_reasoning.demo.task:digit_reward",
+    "last_number_reward": "trl_reasoning.demo.arithmetic:last_number_reward",
 }
-_DEFAULT_REWARD = {"gsm8k": "math_answer_reward", "reverse": "exact_match_reward"}
+_DEFAULT_REWARD = {"gsm8k": "math_answer_reward", "reverse": "exact_match_reward", "arithmetic": "last_number_reward"}
 _GSM8K = ("openai/gsm8k", "main")
 
 
@@ -135,12 +136,15 @@ class DataArguments(ScriptArguments):
             A dataset for `datasets.load_dataset`: a Hub id, a local folder, or one local data file (`.jsonl`,
             `.json`, `.csv`, `.parquet`, `.txt`; its rows are the `train` split). Set by `task` when unset.
         task (`str`, *optional*):
-            `"gsm8k"` (GSM8K prompts, `math_answer_reward`) or `"reverse"` (the embedded digit-reversal task, with the
-            cached warm-start tiny model when `model_name_or_path` is unset).
+            `"gsm8k"` (GSM8K prompts, `math_answer_reward`), `"arithmetic"` (the real-model main job's one-step
+            additions, `last_number_reward`; pair it with `model_name_or_path: smollm2-135m-instruct`) or `"reverse"`
+            (the embedded digit-reversal task, with the cached warm-start tiny model when `model_name_or_path` is
+            unset).
         reward_funcs (`list[str]`, *optional*):
             Reward function names (TRL's `accuracy_reward`, `reasoning_accuracy_reward`, `think_format_reward`,
             `get_soft_overlong_punishment`; this
-            package's `math_answer_reward`, `exact_match_reward`, `digit_reward`) or dotted import paths. One name (a
+            package's `math_answer_reward`, `exact_match_reward`, `digit_reward`, `last_number_reward`) or dotted import
+            paths. One name (a
             YAML string) is a list of one. Defaults to the task's reward.
         pass_at_k_samples (`int`, *optional*, defaults to `0`):
             With a held-out split, log pass@k every `eval_steps` from this many samples per prompt (0 = off).
@@ -152,7 +156,10 @@ class DataArguments(ScriptArguments):
 
     task: str | None = field(
         default=None,
-        metadata={"help": "Embedded task: 'gsm8k' (math answers) or 'reverse' (the demo's digit reversal)."},
+        metadata={
+            "help": "Embedded task: 'gsm8k' (math answers), 'arithmetic' (one-step sums, the real-model main job's) "
+            "or 'reverse' (the tiny demo's digit reversal)."
+        },
     )
     reward_funcs: list[str] | None = field(
         default=None,
@@ -186,7 +193,8 @@ class EvalArguments:
         model_name_or_path (`str`):
             The model folder (or Hub id) to evaluate.
         task, dataset_name, dataset_config, split:
-            What to evaluate on: `task` `"gsm8k"` or `"reverse"`, or any dataset with a `prompt` column.
+            What to evaluate on: `task` `"gsm8k"`, `"arithmetic"` or `"reverse"`, or any dataset with a `prompt`
+            column.
         reward_funcs (`list[str]`, *optional*):
             As for training; defaults to the task's reward.
         num_samples (`int`, *optional*, defaults to `8`), ks (`list[int]`, *optional*, defaults to `[1, 8]`):
@@ -205,7 +213,7 @@ class EvalArguments:
     """
 
     model_name_or_path: str | None = field(default=None, metadata={"help": "Model folder or Hub id to evaluate."})
-    task: str | None = field(default=None, metadata={"help": "Embedded task: 'gsm8k' or 'reverse'."})
+    task: str | None = field(default=None, metadata={"help": "Embedded task: 'gsm8k', 'arithmetic' or 'reverse'."})
     dataset_name: str | None = field(default=None, metadata={"help": "Dataset for datasets.load_dataset."})
     dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration name."})
     split: str = field(default="test", metadata={"help": "Split to evaluate."})
@@ -245,6 +253,13 @@ def load_task_dataset(task: str | None, dataset_name: str | None, dataset_config
         reversal = ReversalTask()
         return DatasetDict(
             {split: Dataset.from_list(reversal.rl_rows(split)) for split in ("train", "test")},
+        )
+    if task == "arithmetic" and dataset_name is None:
+        from .demo.arithmetic import ArithmeticTask
+
+        arithmetic = ArithmeticTask()
+        return DatasetDict(
+            {split: Dataset.from_list(arithmetic.rl_rows(split)) for split in ("train", "test")},
         )
     if task == "gsm8k" and dataset_name is None:
         dataset_name, dataset_config = _GSM8K

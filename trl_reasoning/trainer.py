@@ -230,6 +230,23 @@ class DynamicSamplingWarning(UserWarning):
     """Dynamic sampling ran out of generation rounds before the batch was full of informative groups."""
 
 
+def _is_composite_model(model, args) -> bool:
+    """Whether ``model`` (a model or the path TRL will load it from) is a composite model, such as a vision-language
+    model, whose language model sits one level deeper than ``model.model``."""
+    config = getattr(model, "config", None)
+    if config is None and isinstance(model, str):
+        from transformers import AutoConfig
+
+        init = args.model_init_kwargs or {}
+        try:
+            config = AutoConfig.from_pretrained(
+                model, revision=init.get("revision"), trust_remote_code=init.get("trust_remote_code", False)
+            )
+        except (OSError, ValueError):
+            return False  # TRL reports a model it cannot load itself
+    return config is not None and config.get_text_config() is not config
+
+
 def _loss_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The completion tokens that count in the loss: TRL's completion mask, without tool-output tokens."""
     mask = batch["completion_mask"]
@@ -251,11 +268,14 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args: ReasoningConfig | None = None, *more, **kwargs):
         check_trl_private_api()
         args = self._checked_args(model, args)
-        # TRL's cast_lm_head_to_fp32 fails on a PEFT model with tied embeddings (it reaches for
-        # `model.model.embed_tokens`): under PEFT this trainer casts the head itself (see trl_reasoning.lm_head).
+        # TRL's cast_lm_head_to_fp32 reaches for `model.model.embed_tokens` when the embeddings are tied, which a PEFT
+        # model and a vision-language model (its embeddings sit in `model.model.language_model`) do not have: there
+        # this trainer casts the head itself (see trl_reasoning.lm_head).
         bound = inspect.signature(GRPOTrainer.__init__).bind(self, model, reward_funcs, args, *more, **kwargs)
         own_fp32_head = args.cast_lm_head_to_fp32 and (
-            bound.arguments.get("peft_config") is not None or hasattr(model, "peft_config")
+            bound.arguments.get("peft_config") is not None
+            or hasattr(model, "peft_config")
+            or _is_composite_model(model, args)
         )
         if own_fp32_head:
             args.cast_lm_head_to_fp32 = False
@@ -380,16 +400,19 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         return torch.tensor([name in names for name in available], dtype=torch.bool)
 
     def _cast_peft_lm_head_to_fp32(self) -> None:
-        """The FP32 LM head under PEFT, done here because TRL's cast fails there: cast the base model's head, then
-        rebuild TRL's fused LM head (built while the flag was off) so that it, too, projects in float32."""
-        base = unwrap_peft(self.model)
-        cast_lm_head_to_fp32(self.model)
-        if "forward" in vars(base):  # TRL's fused head, an instance attribute over the class's forward
-            del base.forward
-        # TRL 1.16's own call (GRPOTrainer.__init__), with the flag on.
-        add_fused_lm_head(
-            base, temperature=self.temperature, cast_lm_head_to_fp32=True, outputs=TRL_FUSED_LM_HEAD_OUTPUTS
-        )
+        """The FP32 LM head where TRL's cast fails (PEFT, vision-language models): cast the base model's head (and the
+        reference model's, which TRL casts too), then rebuild TRL's fused LM heads (built while the flag was off) so
+        that they, too, project in float32."""
+        for model, outputs in ((self.model, TRL_FUSED_LM_HEAD_OUTPUTS), (self.ref_model, None)):
+            if model is None:
+                continue
+            base = unwrap_peft(model)
+            cast_lm_head_to_fp32(model)
+            if "forward" in vars(base):  # TRL's fused head, an instance attribute over the class's forward
+                del base.forward
+            # TRL 1.16's own calls (GRPOTrainer.__init__), with the flag on.
+            options = {} if outputs is None else {"outputs": outputs}
+            add_fused_lm_head(base, temperature=self.temperature, cast_lm_head_to_fp32=True, **options)
 
     # ------------------------------------------------------------------ TRL private override 1 of 6
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

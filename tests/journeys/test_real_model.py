@@ -33,33 +33,40 @@ def _materialize_in(cache: str, queue) -> None:
     queue.put((os.getpid(), str(smollm2_path(cache))))
 
 
+def shared_real_model_cache(tmp_path_factory) -> Path:
+    """The cache every test of the session shares (pytest-xdist workers included: the conversion is locked)."""
+    return tmp_path_factory.getbasetemp().parent / "trl-reasoning-real-model-cache"
+
+
 @pytest.fixture(scope="session")
 def real_model_cache(tmp_path_factory) -> Path:
-    """A cache in which two processes convert the model at the same time (the ranks of one run). A killed earlier
-    conversion left a half-built folder and a folder without its marker there: neither may be trusted."""
-    cache = tmp_path_factory.getbasetemp().parent / "trl-reasoning-real-model-cache"
-    models = cache / "models"
-    if not (models / SMOLLM2.folder_name / MARKER_FILE).exists():
-        models.mkdir(parents=True, exist_ok=True)
-        (models / f".{SMOLLM2.folder_name}.building-999999").mkdir(exist_ok=True)  # a killed conversion's leftovers
-        (models / SMOLLM2.folder_name).mkdir(exist_ok=True)  # an incomplete folder: no marker, no weights
-        (models / SMOLLM2.folder_name / "config.json").write_text("{}")
-        context = multiprocessing.get_context("spawn")
-        queue = context.Queue()
-        workers = [context.Process(target=_materialize_in, args=(str(cache), queue)) for _ in range(2)]
-        for worker in workers:
-            worker.start()
-        results = [queue.get(timeout=600) for _ in workers]
-        for worker in workers:
-            worker.join(timeout=60)
-            assert worker.exitcode == 0
-        assert len({path for _, path in results}) == 1
+    cache = shared_real_model_cache(tmp_path_factory)
+    smollm2_path(cache)
     return cache
 
 
-def test_two_processes_convert_the_model_once_into_a_standard_folder(real_model_cache):
-    folder = real_model_cache / "models" / SMOLLM2.folder_name
-    assert sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(".") and "building" in p.name) == []
+@pytest.mark.slow
+def test_two_processes_convert_the_model_once_into_a_standard_folder(tmp_path):
+    """Two processes ask for the model at once (the ranks of one run), in a cache where a killed earlier conversion
+    left a half-built folder and a folder without its marker: neither may be trusted, one conversion happens."""
+    cache = tmp_path / "cache"
+    models = cache / "models"
+    models.mkdir(parents=True)
+    (models / f".{SMOLLM2.folder_name}.building-999999").mkdir()  # a killed conversion's leftovers
+    (models / SMOLLM2.folder_name).mkdir()  # an incomplete folder: no marker, no weights
+    (models / SMOLLM2.folder_name / "config.json").write_text("{}")
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    workers = [context.Process(target=_materialize_in, args=(str(cache), queue)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    results = [queue.get(timeout=600) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+    assert len({path for _, path in results}) == 1
+    folder = models / SMOLLM2.folder_name
+    assert sorted(p.name for p in models.iterdir() if "building" in p.name) == []
     marker = json.loads((folder / MARKER_FILE).read_text())
     assert marker["source_sha256"] == SMOLLM2.sha256
     for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
@@ -69,7 +76,7 @@ def test_two_processes_convert_the_model_once_into_a_standard_folder(real_model_
     assert "quantization_config" not in config
     # A later call trusts the complete folder and converts nothing.
     before = (folder / "model.safetensors").stat().st_mtime_ns
-    assert smollm2_path(real_model_cache) == folder
+    assert smollm2_path(cache) == folder
     assert (folder / "model.safetensors").stat().st_mtime_ns == before
 
 

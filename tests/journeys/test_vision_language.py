@@ -222,3 +222,22 @@ def test_a_run_on_image_prompts_resumes_from_a_checkpoint_as_grpo_trainer_does(t
         tr.DAPOTrainer, tr.DAPOConfig, tiny_vlm, tmp_path / "dapo", sparse, max_num_gen_batches=6
     )
     assert dapo.state.global_step == 3 and all(torch.isfinite(torch.tensor(v)) for v in step_losses(dapo).values())
+
+
+@pytest.fixture(scope="module")
+def tied_vlm(tmp_path_factory):
+    return save_tiny_vlm(tmp_path_factory.mktemp("tied-vlm"), tie_word_embeddings=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["CISPO", "ScaleRL"])
+def test_the_fp32_lm_head_presets_train_a_vlm_with_tied_embeddings(name, tied_vlm, tmp_path):
+    """CISPO and ScaleRL cast the LM head to float32 by default. TRL's cast reaches for `model.model.embed_tokens`,
+    which a VLM does not have (`'Qwen2VLModel' object has no attribute 'embed_tokens'`, with GRPOTrainer too); the
+    package casts through get_input_embeddings/get_output_embeddings instead."""
+    trainer_cls, _, reward = CASES[name]
+    trainer, moved = _train(trainer_cls, trainer_cls.config_class, tied_vlm, tmp_path / name, reward)
+    head = trainer.model.get_output_embeddings()
+    assert trainer.args.cast_lm_head_to_fp32 and head.weight.dtype == torch.float32
+    assert head.weight is trainer.model.get_input_embeddings().weight  # still tied
+    assert trainer.state.global_step == 2 and moved

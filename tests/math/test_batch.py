@@ -75,3 +75,18 @@ def test_stack_rows_pads_prompts_left_and_completions_right():
     assert stacked["completion_mask"].tolist() == [[1, 0, 0], [1, 1, 0]]
     assert stacked["rollout_topk_ids"].tolist() == [[[9, 9], [0, 0], [0, 0]], [[6, 7], [8, 9], [10, 11]]]
     assert stacked["advantages"].tolist() == [1.0, -0.5]
+
+
+def test_spanning_token_type_ids_pad_by_part_with_zero():
+    from trl_reasoning.batch import join_spanning, left_padded, pad_value, split_spanning
+
+    # Two rounds with prompt widths 3 and 2: the prompt part is left-padded, the completion part right-padded, with 0
+    # (token-type ids are not token ids: padding them with the pad token would mark padding as an image).
+    first = {"prompt_ids": torch.tensor([[5, 6, 7]]), "mm_token_type_ids": torch.tensor([[0, 1, 0, 0, 0]])}
+    second = {"prompt_ids": torch.tensor([[8, 9]]), "mm_token_type_ids": torch.tensor([[1, 0, 0, 0, 0, 0]])}
+    rounds = [split_spanning(first, 3), split_spanning(second, 2)]
+    stacked = join_spanning(stack_rows(rounds, [(0, 0), (1, 0)], pad_token_id=97))
+    assert stacked["mm_token_type_ids"].tolist() == [[0, 1, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0]]
+    assert stacked["prompt_ids"].tolist() == [[5, 6, 7], [97, 8, 9]]
+    assert pad_value("prompt_part:mm_token_type_ids", 97) == 0 and left_padded("prompt_part:mm_token_type_ids")
+    assert not left_padded("completion_part:token_type_ids")

@@ -1,11 +1,12 @@
 """One-step arithmetic for a small instruct model: the real-model main job's task family.
 
-Questions such as ``What is 7 + 6? Reply with only the number.``, generated from a seed, with disjoint training and
-held-out sets (no question of the held-out set appears in training). The reward is 1 when the *last* number of the
-reply is the answer: SmolLM2-135M-Instruct often knows it (its greedy reply is often right) but, sampled at
-temperature 1 as GRPO samples, it rambles, restates the question or ends on another number, so a sampled reply is right
-far less often. That gap is what RL closes first, and pass@1 on the held-out set shows it; measured base rates are in
-``bench/RESULTS.md`` ("The real model").
+Questions such as ``What is 7 + 6?``, generated from a seed, with disjoint training and held-out sets (no question of
+the held-out set appears in training). The reward is 1 when the *last* number of the reply is the answer.
+SmolLM2-135M-Instruct knows one-digit sums, but it explains instead of answering ("To add 7 and 6, you simply add
+them together: 7...") and is cut off, or ends on another number: its greedy reply is right 28% of the time and a reply
+sampled at temperature 1 (as GRPO samples) 9% (64 held-out questions, measured here). RL teaches it to end with the
+sum; the held-out accuracy and pass@1 show it. With the instruction " Reply with only the number." the greedy reply is
+already right 88% of the time and a sampled one 16%.
 
 Kinds: ``add`` (a + b, one digit each), ``sub`` (a - b >= 0), ``mul`` (a times b, 2..9), ``compare`` (the larger of
 two two-digit numbers). Every question is asked once per split; the held-out set is drawn first, then the training set
@@ -61,8 +62,8 @@ class ArithmeticTask:
             Training rows (questions repeat when there are fewer distinct ones).
         num_test (`int`, *optional*, defaults to `32`):
             Held-out questions, none of which is in the training rows.
-        instruction (`str`, *optional*, defaults to `" Reply with only the number."`):
-            Appended to every question.
+        instruction (`str`, *optional*, defaults to `""`):
+            Appended to every question (e.g. `" Reply with only the number."`).
         system_prompt (`str` or `None`, *optional*, defaults to `None`):
             A system message; `None` leaves the model's chat template to add its default one.
         seed (`int`, *optional*, defaults to `0`):
@@ -72,7 +73,7 @@ class ArithmeticTask:
     kinds: tuple[str, ...] = ("add",)
     num_train: int = 1024
     num_test: int = 32
-    instruction: str = " Reply with only the number."
+    instruction: str = ""
     system_prompt: str | None = None
     seed: int = 0
 

@@ -201,7 +201,7 @@ REAL_MODEL_TRAINING: dict[str, Any] = dict(
     per_device_train_batch_size=16,  # 2 prompts x 8 completions a step
     num_generations=8,
     max_completion_length=16,
-    learning_rate=3e-4,  # LoRA
+    learning_rate=2e-4,  # LoRA r=16
     max_steps=30,
     logging_steps=1,
     temperature=1.0,
@@ -354,8 +354,9 @@ def _real_setup(demo: DemoArguments) -> _Setup:
         reward=last_number_reward,
         task_name=f"one-step arithmetic ({', '.join(task.kinds)})",
         start_label="SmolLM2-135M-Instruct",
-        prepared=f"SmolLM2-135M-Instruct ({path})"
-        + (f", LoRA r={demo.lora_r}" if peft_config else ", full fine-tuning"),
+        prepared=f"model: SmolLM2-135M-Instruct ({path}), "
+        + (f"LoRA r={demo.lora_r}" if peft_config else "full fine-tuning")
+        + ", ready in {seconds:.0f} s",
         peft_config=peft_config,
     )
 

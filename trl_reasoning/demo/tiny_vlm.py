@@ -80,9 +80,10 @@ def build_vlm_processor(tokenizer: PreTrainedTokenizerFast | None = None) -> Ima
 
 
 def build_vlm(
-    tokenizer: PreTrainedTokenizerFast, seed: int = 0, hidden_size: int = 64
+    tokenizer: PreTrainedTokenizerFast, seed: int = 0, hidden_size: int = 64, tie_word_embeddings: bool = False
 ) -> Qwen2VLForConditionalGeneration:
-    """A randomly initialised Qwen2-VL (about 0.16M parameters)."""
+    """A randomly initialised Qwen2-VL (about 0.16M parameters); ``tie_word_embeddings`` as in Qwen2-VL-2B and
+    Qwen2.5-VL-3B, whose LM head shares the input embeddings' weight."""
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
     config = Qwen2VLConfig(
         text_config=dict(
@@ -111,6 +112,7 @@ def build_vlm(
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=tie_word_embeddings,
     )
     torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(config)
@@ -119,12 +121,14 @@ def build_vlm(
     return model
 
 
-def save_tiny_vlm(path: str | Path, seed: int = 0) -> tuple[Path, ImageOnlyQwen2VLProcessor]:
+def save_tiny_vlm(
+    path: str | Path, seed: int = 0, tie_word_embeddings: bool = False
+) -> tuple[Path, ImageOnlyQwen2VLProcessor]:
     """Build the tiny VLM and save it (with its tokenizer) to ``path``; returns the path and the processor to pass as
     ``processing_class`` (the processor itself is not saved: ``AutoProcessor`` would rebuild Qwen2-VL's own, which
     needs torchvision for its video processor)."""
     path = Path(path)
     tokenizer = build_vlm_tokenizer()
-    build_vlm(tokenizer, seed=seed).save_pretrained(path)
+    build_vlm(tokenizer, seed=seed, tie_word_embeddings=tie_word_embeddings).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path, build_vlm_processor(tokenizer)
