@@ -214,6 +214,7 @@ def overhead(options) -> str:
     from overhead import interleaved_session, ratio_interval
     from transformers import TrainerCallback
 
+    torch.set_num_threads(1)  # as the main job: on a shared 2-core machine, more threads spin against each other
     sessions: dict[str, list[list[float]]] = {"ours": [], "trl": []}
     phases: dict[str, list[dict[str, float]]] = {"ours": [], "trl": []}
 
