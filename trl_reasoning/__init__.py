@@ -17,10 +17,10 @@ from .maxrl import MaxRLConfig, MaxRLTrainer
 from .model_card import ReasoningModelCardMixin
 from .rewards import RewardFunctionError, overlong_penalty
 from .rloo import RLOOConfig, RLOOTrainer
+from .rollout import DynamicSamplingWarning
 from .scalerl import ScaleRLConfig, ScaleRLTrainer
 from .scaling import ComputeCurveFit, fit_compute_curve
 from .trainer import (
-    DynamicSamplingWarning,
     ReasoningConfig,
     ReasoningTrainer,
     TRLCompatibilityError,

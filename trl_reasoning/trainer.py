@@ -23,8 +23,6 @@ How a step works, on top of TRL's ``GRPOTrainer``:
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import inspect
 import logging
 import os
@@ -33,26 +31,15 @@ import weakref
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object
 from datasets import IterableDataset
 from packaging.version import Version
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import add_fused_lm_head, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
+from trl.trainer.utils import add_fused_lm_head
 
 from ._warnings import user_stacklevel
-from .advantages import ADVANTAGE_ESTIMATORS
 from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
-from .batch import (
-    TrainBatch,
-    batch_advantages_and_weights,
-    join_spanning,
-    left_padded,
-    pad_value,
-    split_spanning,
-    stack_rows,
-)
-from .callbacks import PromptSamplingCallback
+from .batch import TrainBatch
 from .checkpoints import SAMPLING_STATE_FILE, last_complete_checkpoint, read_sampling_state, write_json_atomically
 from .config import ReasoningConfig
 from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
@@ -62,30 +49,10 @@ from .model_card import ReasoningModelCardMixin
 from .prompt_lengths import StreamedPromptCheck, describe_overlong, find_overlong_prompts
 from .rewards import (
     check_reward_columns,
-    overlong_penalty,
     wrap_reward_function,
 )
-from .sampling import (
-    GROUP_SELECTIONS,
-    GroupPlan,
-    PromptState,
-    RetiredPrompts,
-    SampledRound,
-    extra_round_groups,
-    group_pass_rates,
-    informative_groups,
-    is_correctness_reward,
-    prompt_key,
-    resolve_group_selection,
-    sample_groups,
-)
-from .shaping import (
-    check_binary_rewards,
-    clip_rewards,
-    combined_rewards,
-    normalize_then_sum_rewards,
-    sequence_kl,
-)
+from .rollout import Rollout, loss_tokens
+from .sampling import RetiredPrompts, prompt_key
 from .topk_forward import FORWARD_KEYS, TopKForwardMixin, model_inputs
 from .trl_mirror import k3_kl, masked_means_over_processes
 
@@ -226,10 +193,6 @@ def warn_if_trl_unsupported() -> None:
         )
 
 
-class DynamicSamplingWarning(UserWarning):
-    """Dynamic sampling ran out of generation rounds before the batch was full of informative groups."""
-
-
 def _is_composite_model(model, args) -> bool:
     """Whether ``model`` (a model or the path TRL will load it from) is a composite model, such as a vision-language
     model, whose language model sits one level deeper than ``model.model``."""
@@ -245,12 +208,6 @@ def _is_composite_model(model, args) -> bool:
         except (OSError, ValueError):
             return False  # TRL reports a model it cannot load itself
     return config is not None and config.get_text_config() is not config
-
-
-def _loss_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The completion tokens that count in the loss: TRL's completion mask, without tool-output tokens."""
-    mask = batch["completion_mask"]
-    return mask if "tool_mask" not in batch else mask * batch["tool_mask"]
 
 
 class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
@@ -309,38 +266,28 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             else wrap_reward_function(func, name, self.args.on_reward_error, self.args.reward_timeout)
             for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
         ]
-        self._ambiguous_task_reward = False
-        self._task_reward_columns = self._resolve_task_reward_columns()
-        self._group_selection = resolve_group_selection(self.args)
-        self._generates_extra_rounds = (
-            GROUP_SELECTIONS.get(self._group_selection)().rounds(self.args.max_num_gen_batches) > 1
-        )
-        self._warned_retirement_suspended = False
-        self.last_train_batch: TrainBatch | None = None
+        task_reward_columns, ambiguous = self._resolve_task_reward_columns()
         self._scored_batch: tuple[torch.Tensor, torch.Tensor] | None = None
-        # Sampling state (saved in checkpoints): ScaleRL's retired prompts and DAPO's extra-prompt stream.
-        self._prompt_keys: list[str] | None = None
-        streaming = isinstance(self.train_dataset, IterableDataset)
-        self._prompt_state = PromptState(
-            self.args.seed,
-            lambda: len(self.train_dataset),
-            self._dataset_prompt_keys,
-            row_at=lambda index: self.train_dataset[index],
-            open_stream=self._open_stream_pass if streaming else None,
-            key=lambda row: prompt_key(row.get("prompt")),
-        )
-        self._sampling_callback = PromptSamplingCallback(
-            self._prompt_state,
-            lambda: self._prompt_state.prompts_left((self._prompt_state.epoch or 0) + 1),
-            retiring=self.args.positive_resampling_threshold is not None,
-        )
-        self.add_callback(self._sampling_callback)
+        # Where a batch comes from: generation rounds, shaping, group selection, prompt sampling (its state is saved
+        # in checkpoints).
+        self.rollout = Rollout(self, task_reward_columns, retirement_needs_task_reward=ambiguous)
+        self.add_callback(self.rollout.callback)
         # Non-finite loss guard: compute_loss records each micro-batch, the optimizer's step reads it.
         self._nonfinite_guard = NonFiniteStepGuard(self.args.nonfinite_loss_patience)
         # DPPO top-K (TopKForwardMixin's defaults: LM head from the hidden states, no engine top-K): vLLM's own top-K
         # when vLLM generates.
         if self.use_vllm and self._uses_topk_divergence:
             self._keep_engine_topk()
+
+    @property
+    def last_train_batch(self) -> TrainBatch | None:
+        """What the last training batch was built from (``trl_reasoning.batch.TrainBatch``): its gathered rewards and
+        advantages, the groups that train, this process's loss weights and the generation rounds behind it."""
+        return self.rollout.last_batch
+
+    @property
+    def _retired_prompts(self) -> RetiredPrompts:
+        return self.rollout.prompt_state.retired
 
     def _checked_args(self, model, args: ReasoningConfig | None) -> ReasoningConfig:
         """``args``, or the preset's defaults when ``None`` (as ``GRPOTrainer`` does); a config of another class is
@@ -370,16 +317,16 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             # A stream has no sampler to leave retired prompts out: its rows are filtered as they are read, by the
             # epoch in which each prompt was retired (from the next epoch on, as the map-style sampler does).
             self.train_dataset = self.train_dataset.filter(
-                lambda row: not self._prompt_state.excluded_now(prompt_key(row.get("prompt")))
+                lambda row: not self.rollout.prompt_state.excluded_now(prompt_key(row.get("prompt")))
             )
 
-    def _resolve_task_reward_columns(self) -> torch.Tensor:
-        """Which reward functions make the task reward (a bool per function), from ``task_reward_funcs``."""
+    def _resolve_task_reward_columns(self) -> tuple[torch.Tensor, bool]:
+        """Which reward functions make the task reward (a bool per function), from ``task_reward_funcs``, and whether
+        that is ambiguous for no-positive-resampling (several functions, none named: nothing is retired)."""
         names, available = self.args.task_reward_funcs, list(self.reward_func_names)
         if names is None:
             if self.args.positive_resampling_threshold is not None and len(available) > 1:
                 # Not an error, since TRL trains such a run: retirement waits for the user to say what a pass is.
-                self._ambiguous_task_reward = True
                 warnings.warn(
                     f"positive_resampling_threshold={self.args.positive_resampling_threshold} retires prompts whose "
                     f"task reward passes, but with several reward functions ({', '.join(available)}) the task reward "
@@ -390,14 +337,15 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
                     UserWarning,
                     stacklevel=user_stacklevel(),
                 )
-            return torch.ones(len(available), dtype=torch.bool)
+            ambiguous = self.args.positive_resampling_threshold is not None and len(available) > 1
+            return torch.ones(len(available), dtype=torch.bool), ambiguous
         unknown = [name for name in names if name not in available]
         if unknown:
             raise ValueError(
                 f"task_reward_funcs names {', '.join(map(repr, unknown))}, which is not a reward function of this "
                 f"trainer; its reward functions are {', '.join(map(repr, available))}."
             )
-        return torch.tensor([name in names for name in available], dtype=torch.bool)
+        return torch.tensor([name in names for name in available], dtype=torch.bool), False
 
     def _cast_peft_lm_head_to_fp32(self) -> None:
         """The FP32 LM head where TRL's cast fails (PEFT, vision-language models): cast the base model's head (and the
@@ -440,38 +388,12 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
 
     # ------------------------------------------------------------------ TRL private override 2 of 6
     def _generate_and_score_completions(self, inputs):
-        mode = "train" if self.model.training else "eval"
-        if mode == "eval":
-            scored = self._score_round(inputs, mode)
-            output = scored.rows
-            self._finalize_batch(output, scored.rewards, None, mode, self._local_rows(output["advantages"].shape[0]))
-            return output
-        local_size = len(inputs)
+        """Where a batch comes from is ``self.rollout`` (``trl_reasoning.rollout``): rounds, shaping, selection."""
+        return self.rollout.generation_batch(inputs, "train" if self.model.training else "eval")
 
-        def score_round(index: int, num_groups: int) -> SampledRound:
-            round_inputs = inputs if index == 0 else self._extra_round_inputs(num_groups, template=inputs[0])
-            scored = self._score_round(round_inputs, mode)
-            self._retire_passing_prompts(round_inputs, scored.task_rewards)
-            return scored
-
-        target = local_size * self.accelerator.num_processes // self.num_generations
-        plan = sample_groups(
-            self._group_selection, score_round, target, self.args.max_num_gen_batches, self._extra_round_sizer(target)
-        )
-        self._log_sampling_metrics(plan)
-        if plan.regroup:
-            output = self._regrouped_batch(plan, local_size)
-        else:
-            output = plan.rounds[0].rows
-            self._finalize_batch(output, plan.rounds[0].rewards, plan.active, mode, self._local_rows(local_size))
-        rounds = tuple((r.informative.numel(), int(r.informative.sum())) for r in plan.rounds)
-        self.last_train_batch = dataclasses.replace(self.last_train_batch, generation_rounds=rounds)
-        return output
-
-    def _score_round(self, inputs, mode: str) -> SampledRound:
-        """TRL's generation and scoring of ``inputs`` (local rows), then this trainer's reward shaping. Returns TRL's
-        output as ``rows`` and, for the gathered batch, the shaped rewards, the task rewards (before shaping), their
-        informative groups and the completion tokens generated (the gathered completion lengths)."""
+    def trl_round(self, inputs) -> tuple[dict, torch.Tensor, torch.Tensor]:
+        """One round of TRL's own generation and scoring of ``inputs`` (this process's rows): TRL's output, and the
+        rewards per function and completion lengths of the gathered batch (captured by ``_calculate_rewards``)."""
         self._scored_batch = None
         if self._engine_topk is not None:
             self._engine_topk = []
@@ -483,26 +405,12 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             )
         rewards_per_func, lengths = self._scored_batch
         self._scored_batch = None
-        self._check_context_length(output)
-        # TRL logged its advantages for the completions table; _finalize_batch logs the ones this trainer trains on.
-        logged = self._logs["advantages"]
-        for _ in range(min(len(logged), rewards_per_func.shape[0])):
-            logged.pop()
-        task_rewards = self._combined_rewards(rewards_per_func, self._task_reward_columns)
-        self._metrics[mode]["task_reward"].append(torch.nanmean(task_rewards).nan_to_num(0.0).item())
-        group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        rewards = self._shaped_rewards(
-            self._combined_rewards(rewards_per_func, group_size=group_size), rewards_per_func, lengths, output, mode
-        )
-        if self._uses_topk_divergence:
-            output.update(self._rollout_topk(output, mode))
-        informative = informative_groups(task_rewards, group_size)
-        return SampledRound(output, rewards, informative, task_rewards, completion_tokens=int(lengths.sum().item()))
+        return output, rewards_per_func, lengths
 
     def _context_limit(self) -> int | None:
         return getattr(self._bare_model().config.get_text_config(), "max_position_embeddings", None)
 
-    def _check_context_length(self, output) -> None:
+    def check_context_length(self, output) -> None:
         """Prompt + completion must fit the model's context: past it, positions the model never saw make every
         log-probability meaningless (TRL 1.16 only lets transformers warn). Prompts are checked when the trainer is
         built (``_drop_overlong_prompts``); this catches what that cannot see (image tokens, environment text)."""
@@ -598,242 +506,13 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             cache[model] = self.accelerator.unwrap_model(model)
         return cache[model]
 
-    def _local_rows(self, local_size: int) -> slice:
-        start = self.accelerator.process_index * local_size
-        return slice(start, start + local_size)
-
-    def _finalize_batch(
-        self, output, rewards, active_groups, mode: str, local_rows: slice, log_advantages: bool = True
-    ) -> torch.Tensor:
-        """Advantages and loss weights of the gathered batch, fixed on its active groups (all groups when
-        ``active_groups`` is ``None``); the rows of this process go into ``output``. Returns the gathered
-        advantages."""
-        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        loss_mask = _loss_tokens(output)
-        token_counts = self.accelerator.gather(loss_mask.sum(dim=1).float())
-
-        advantages, weights, active_rows = batch_advantages_and_weights(
-            rewards,
-            token_counts,
-            num_generations,
-            self.args.advantage_estimator,
-            self.args.loss_aggregation,
-            self.args.max_completion_length,
-            active_groups,
-            normalize_advantages=self.args.normalize_advantages,
-            reward_threshold=self.args.maxrl_reward_threshold,  # offered; taken by the estimators that declare it
-        )
-        if active_rows is not None:
-            output["row_active"] = active_rows[local_rows].to(loss_mask.dtype)
-        output["advantages"] = advantages[local_rows]
-        output["loss_weights"] = weights[local_rows]
-
-        if mode == "train":
-            self.last_train_batch = TrainBatch(
-                rewards.detach().clone(),
-                advantages.detach().clone(),
-                None if active_groups is None else active_groups.detach().clone(),
-                output["loss_weights"].detach().clone(),
-            )
-        if log_advantages:
-            self._logs["advantages"].extend(advantages.tolist())
-        self._metrics[mode]["advantages/mean"].append(advantages.mean().item())
-        self._metrics[mode]["advantages/abs_mean"].append(advantages.abs().mean().item())
-        return advantages
-
-    # ------------------------------------------------------------------ sampling: DAPO and ScaleRL
-    def _regrouped_batch(self, plan: GroupPlan, local_size: int) -> dict[str, torch.Tensor]:
-        """The batch of the groups ``plan`` chose from several rounds: every round's rows gathered from all processes,
-        the chosen ones stacked, and this process's slice kept (all processes hold the same plan)."""
-        processes = self.accelerator.num_processes
-        rows = [self._gather_rows(r.rows, r.rewards.numel() // processes) for r in plan.rounds]
-        for r in plan.rounds:  # placeholders in the completions table, set below for the last round
-            self._logs["advantages"].extend([0.0] * r.rewards.numel())
-        row_sources = plan.row_sources(self.num_generations)
-        batch = stack_rows(rows, row_sources, self._tokenizer.pad_token_id)
-        rewards = torch.stack([plan.rounds[r].rewards[i] for r, i in row_sources])
-        if plan.cap_hit:
-            informative = int(plan.informative.sum())
-            warnings.warn(
-                f"Dynamic sampling found {informative} informative groups (rewards not all equal) in "
-                f"max_num_gen_batches={self.args.max_num_gen_batches} generation rounds, fewer than the "
-                f"{len(plan.chosen)} this batch needs. The step trains on those; the missing groups are fillers with "
-                "loss weight 0. Raise max_num_gen_batches, or check that the reward can tell completions apart.",
-                DynamicSamplingWarning,
-                stacklevel=user_stacklevel(),
-            )
-        local_rows = self._local_rows(local_size)
-        output = unsplit_pixel_values_by_grid(join_spanning({key: value[local_rows] for key, value in batch.items()}))
-        loss_mask = _loss_tokens(output)
-        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-        advantages = self._finalize_batch(output, rewards, plan.active, "train", local_rows, log_advantages=False)
-        # The completions table keeps the last round's rows (its deques hold one batch): log what each of them
-        # trains with, 0 for the groups that were dropped.
-        last_round = len(plan.rounds) - 1
-        logged_values = [0.0] * plan.rounds[last_round].rewards.numel()
-        for position, (round_index, row) in enumerate(row_sources):
-            if round_index == last_round:
-                logged_values[row] = advantages[position].item()
-        logged = self._logs["advantages"]
-        for _ in range(min(len(logged), len(logged_values))):
-            logged.pop()
-        logged.extend(logged_values)
-        return output
-
-    def _gather_rows(self, output: dict, local_size: int) -> dict[str, torch.Tensor | list]:
-        """Every row of a TRL output, gathered from all processes: per-row tensors padded to a common length; a
-        multimodal row's image tensors (TRL's ``split_pixel_values_by_grid``: its patches, grids, image count) as a
-        list, one entry per row; token-type ids cut into their prompt and completion parts (``split_spanning``)."""
-        per_row = split_pixel_values_by_grid(
-            {key: value for key, value in output.items() if key != "num_items_in_batch"}
-        )
-        per_row = split_spanning(per_row, output["prompt_ids"].shape[1])
-        rows = {}
-        for key, value in per_row.items():
-            if isinstance(value, list) and len(value) == local_size:
-                rows[key] = self._gather_list(value)
-                continue
-            if not (isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == local_size):
-                raise ValueError(
-                    f"dynamic_sampling cannot regroup the generation output {key!r}, which is not one entry per row "
-                    f"({type(value).__name__}). Set dynamic_sampling=False."
-                )
-            if value.dim() >= 2:
-                value = self.accelerator.pad_across_processes(
-                    value, dim=1, pad_index=pad_value(key, self._tokenizer.pad_token_id), pad_first=left_padded(key)
-                )
-            rows[key] = self.accelerator.gather(value)
-        return rows
-
-    def _gather_list(self, values: list) -> list:
-        """A per-row list from every process, in process order (tensors travel through the CPU and come back to
-        this process's device)."""
-        if self.accelerator.num_processes == 1:
-            return list(values)
-        gathered = gather_object([value.cpu() if isinstance(value, torch.Tensor) else value for value in values])
-        device = self.accelerator.device
-        return [value.to(device) if isinstance(value, torch.Tensor) else value for value in gathered]
-
-    def _extra_round_sizer(self, full_round: int):
-        """``sample_groups``' sizer of extra rounds: from the keep rate measured so far in the step, or a full batch
-        each round with ``extra_round_size="full"``; 0 (no more rounds) once every prompt is retired."""
-
-        def next_round_groups(rounds: list[SampledRound]) -> int:
-            if self.args.extra_round_size == "full":
-                groups = full_round
-            else:
-                kept = sum(int(r.informative.sum()) for r in rounds)
-                generated = sum(r.informative.numel() for r in rounds)
-                processes = self.accelerator.num_processes
-                groups = extra_round_groups(kept, generated, full_round, full_round, processes, self.num_generations)
-            return groups if self._prompt_state.extra_prompts().has_prompts(groups) else 0
-
-        return next_round_groups
-
-    def _extra_round_inputs(self, num_prompts: int, template: dict) -> list[dict]:
-        """This process's rows of a fresh generation round of ``num_prompts`` prompts (from the seeded stream of
-        indices, or from the streaming dataset itself), each repeated ``num_generations`` times, laid out across
-        processes as TRL's sampler does. Repeats are copies, as TRL's own repeats are (TRL writes into its rows)."""
-        prompts = self._prompt_state.extra_rows(num_prompts)
-        columns = set(template)
-        rows = [{key: value for key, value in row.items() if key in columns} for row in prompts]
-        repeated = [row for row in rows for _ in range(self.num_generations)]
-        local = repeated[self._local_rows(len(repeated) // self.accelerator.num_processes)]
-        return [copy.deepcopy(row) for row in local]
-
-    def _open_stream_pass(self, pass_index: int, skip: int):
-        """An iterator over pass ``pass_index`` of the streaming training set for dynamic sampling's extra prompts,
-        after its first ``skip`` rows: reshuffled per pass (a seed apart from the dataloader's) when TRL shuffles."""
-        dataset = self.train_dataset
-        if self.shuffle_dataset:
-            dataset = dataset.shuffle(seed=self.args.seed + 7919 * (pass_index + 1))
-        if skip:
-            dataset = dataset.skip(skip)
-        return iter(dataset)
-
-    @property
-    def _retired_prompts(self) -> RetiredPrompts:
-        return self._prompt_state.retired
-
-    def _dataset_prompt_keys(self) -> list[str]:
-        if self._prompt_keys is None:
-            if "prompt" not in self.train_dataset.column_names:
-                raise ValueError(
-                    "positive_resampling_threshold identifies prompts by the training dataset's 'prompt' column, "
-                    "which it does not have."
-                )
-            self._prompt_keys = [prompt_key(prompt) for prompt in self.train_dataset["prompt"]]
-        return self._prompt_keys
-
-    def _retire_passing_prompts(self, inputs, task_rewards) -> None:
-        """ScaleRL's no-positive-resampling: retire the prompts whose group pass rate reached the threshold."""
-        threshold = self.args.positive_resampling_threshold
-        if threshold is None:
-            return
-        if self._ambiguous_task_reward:
-            self._metrics["train"]["group_selection/retirement_suspended"].append(1.0)
-            return
-        pass_threshold = self.args.task_pass_threshold
-        if pass_threshold is None and not is_correctness_reward(task_rewards):
-            self._suspend_retirement(task_rewards)
-            return
-        keys = gather_object([prompt_key(row.get("prompt")) for row in inputs])
-        rates = group_pass_rates(task_rewards, self.num_generations, pass_threshold)
-        epoch = self._prompt_state.epoch if self._prompt_state.epoch is not None else int(self.state.epoch or 0)
-        for group, rate in enumerate(rates.tolist()):
-            if rate >= threshold:
-                self._retired_prompts.retire(keys[group * self.num_generations], epoch)
-
-    def _suspend_retirement(self, task_rewards: torch.Tensor) -> None:
-        """A task reward that is not a correctness reward has no pass without ``task_pass_threshold``: retire nothing
-        (as TRL, which never retires), say so once, and count the batches in a metric."""
-        self._metrics["train"]["group_selection/retirement_suspended"].append(1.0)
-        if self._warned_retirement_suspended:
-            return
-        self._warned_retirement_suspended = True
-        scored = task_rewards[~torch.isnan(task_rewards)]
-        example = scored[~torch.isin(scored, torch.tensor([-1.0, 0.0, 1.0], dtype=scored.dtype))][:1].tolist()
-        names = [n for n, on in zip(self.reward_func_names, self._task_reward_columns.tolist(), strict=True) if on]
-        warnings.warn(
-            f"No-positive-resampling (positive_resampling_threshold={self.args.positive_resampling_threshold}) "
-            f"retires a prompt when enough of its completions pass, and without task_pass_threshold a pass is a "
-            f"task reward > 0, which only a correctness reward (values in -1, 0, 1) defines. The task reward "
-            f"({', '.join(names)}) returned {example[0] if example else 'other values'}, so no prompt is retired "
-            "(training goes on over every prompt, as in TRL). Set task_pass_threshold (e.g. 1.0 for a score in [0, 1] "
-            "where 1 is a full pass) to retire prompts, or positive_resampling_threshold=None to silence this.",
-            UserWarning,
-            stacklevel=user_stacklevel(),
-        )
-
-    def _log_sampling_metrics(self, plan: GroupPlan) -> None:
-        metrics = self._metrics["train"]
-        if plan.regroup:  # a strategy that may generate more rounds
-            metrics["group_selection/generation_rounds"].append(float(len(plan.rounds)))
-            metrics["group_selection/round_cap_hit"].append(float(plan.cap_hit))
-        if plan.active is not None:  # a strategy that made a selection
-            metrics["group_selection/groups_generated"].append(float(plan.informative.numel()))
-            metrics["group_selection/groups_kept"].append(float(plan.active.sum()))
-            # What the step's selection cost: completion tokens generated, over all rounds, per group that trains.
-            tokens = float(sum(r.completion_tokens or 0 for r in plan.rounds))
-            metrics["group_selection/generated_tokens"].append(tokens)
-            metrics["group_selection/tokens_per_trained_group"].append(tokens / max(float(plan.active.sum()), 1.0))
-            # TRL's `reward` and this trainer's `task_reward` average every generated completion; this is the task
-            # reward of the completions that train.
-            rows = plan.row_sources(self.num_generations)
-            trained = plan.active.repeat_interleave(self.num_generations).tolist()
-            values = [plan.rounds[r].task_rewards[i] for (r, i), keep in zip(rows, trained, strict=True) if keep]
-            mean = torch.nanmean(torch.stack(values)).item() if values else float("nan")
-            metrics["group_selection/task_reward_trained"].append(mean)
-        if self.args.positive_resampling_threshold is not None:
-            metrics["group_selection/retired_prompts"].append(float(len(self._retired_prompts)))
-
     # ------------------------------------------------------------------ TRL private override 4 of 6
     def _get_train_sampler(self, dataset=None):
         """TRL's ``RepeatSampler`` order (epoch 0 is the same permutation), made a function of the epoch so that a
         resumed run sees the same prompts, and skipping retired prompts (see ``EpochRepeatSampler``)."""
         if dataset is None:
             dataset = self.train_dataset
-        return self._prompt_state.new_sampler(
+        return self.rollout.prompt_state.new_sampler(
             num_samples=len(dataset),
             mini_repeat_count=self.num_generations,
             batch_size=self.args.generation_batch_size // self.num_generations,
@@ -868,7 +547,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
                         "the prompts no-positive-resampling retired",
                         self.args.positive_resampling_threshold is not None,
                     ),
-                    ("dynamic sampling's extra-prompt stream", self._generates_extra_rounds),
+                    ("dynamic sampling's extra-prompt stream", self.rollout.generates_extra_rounds),
                     ("the prompt sampler's epoch", self.accelerator.num_processes > 1),
                 )
                 if on
@@ -907,57 +586,14 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def sampling_state_dict(self) -> dict[str, Any]:
         """The sampling state a checkpoint keeps: retired prompts, the dynamic-sampling prompt stream and the epoch the
         prompt sampler is in (see ``sampling.PromptState``)."""
-        return self._prompt_state.state_dict()
+        return self.rollout.state_dict()
 
     def load_sampling_state_dict(self, state: dict[str, Any]) -> list[str]:
         """Restore :meth:`sampling_state_dict`'s output; returns what was re-derived because the dataset changed."""
-        return self._prompt_state.load_state_dict(state)
-
-    def _combined_rewards(
-        self, rewards_per_func, columns: torch.Tensor | None = None, group_size: int | None = None
-    ) -> torch.Tensor:
-        """The reward of each completion: the weighted sum of the ``columns`` reward functions (the task reward), or,
-        without ``columns``, TRL's ``multi_objective_aggregation`` of all of them over groups of ``group_size``."""
-        if columns is None and self.args.multi_objective_aggregation == "normalize_then_sum":
-            return normalize_then_sum_rewards(rewards_per_func, self.reward_weights, group_size)
-        return combined_rewards(rewards_per_func, self.reward_weights, columns)
-
-    def _shaped_rewards(self, combined, rewards_per_func, lengths, output, mode) -> torch.Tensor:
-        """The ``combined`` reward with the configured shaping (MaxRL binary check, DAPO overlong penalty, RLOO KL
-        penalty)."""
-        args = self.args
-        rewards = clip_rewards(combined.clone(), args.reward_clip_range)
-        if (
-            ADVANTAGE_ESTIMATORS.trait(args.advantage_estimator, "binary_rewards")
-            and args.maxrl_reward_threshold is None
-        ):
-            check_binary_rewards(
-                rewards_per_func, combined, self.reward_func_names, self.reward_weights, args.advantage_estimator
-            )
-
-        if args.overlong_cache_length is not None:
-            penalty = overlong_penalty(lengths, args.max_completion_length, args.overlong_cache_length)
-            rewards = rewards + penalty.to(rewards.dtype)
-            self._metrics[mode]["overlong/penalty_mean"].append(penalty.mean().item())
-            self._metrics[mode]["overlong/frac_penalized"].append((penalty < 0).float().mean().item())
-
-        if args.kl_in_reward and self.beta != 0.0:
-            old = output.get("old_per_token_logps")
-            if old is None:
-                old = self._behaviour_logps(output)
-                output["old_per_token_logps"] = old
-            kl = self.accelerator.gather(sequence_kl(old, output["ref_per_token_logps"], output["completion_mask"]))
-            rewards = rewards - self.beta * kl
-            self._metrics[mode]["kl"].append(
-                (
-                    kl.sum() / self.accelerator.gather(output["completion_mask"].sum(dim=1).float()).sum().clamp(min=1)
-                ).item()
-            )
-        self._metrics[mode]["reward_shaped/mean"].append(torch.nanmean(rewards).item())
-        return rewards
+        return self.rollout.load_state_dict(state)
 
     @torch.no_grad()
-    def _behaviour_logps(self, output) -> torch.Tensor:
+    def behaviour_logps(self, output) -> torch.Tensor:
         """Log-probabilities of the sampled tokens under the policy that generated them (the model now)."""
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
@@ -978,7 +614,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ TRL private override 3 of 6
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
-        mask = _loss_tokens(inputs)
+        mask = loss_tokens(inputs)
         if "row_active" in inputs:  # groups dropped by group selection: no loss, no metrics
             mask = mask * inputs["row_active"].unsqueeze(1)
         per_token_logps, entropies, topk_logps, aux_loss = self._policy_forward(model, inputs)

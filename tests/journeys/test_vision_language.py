@@ -132,14 +132,14 @@ def test_regrouped_image_rows_keep_their_own_images(tiny_vlm, tmp_path):
         model=str(path), reward_funcs=sparse, args=args, train_dataset=image_prompts(), processing_class=processor
     )
     rounds = []
-    score_round = trainer._score_round
+    score_round = trainer.rollout.score_round
 
     def keep_rounds(inputs, mode):
         scored = score_round(inputs, mode)
         rounds.append({key: value for key, value in scored.rows.items()})
         return scored
 
-    trainer._score_round = keep_rounds
+    trainer.rollout.score_round = keep_rounds
     trainer.model.train()
     dataset = image_prompts()
     torch.manual_seed(3)

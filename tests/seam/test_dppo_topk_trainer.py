@@ -144,7 +144,7 @@ def test_the_per_step_forward_does_not_unwrap_the_model_every_time(tiny_model_pa
     original = trainer.accelerator.unwrap_model
     monkeypatch.setattr(trainer.accelerator, "unwrap_model", lambda *a, **k: unwraps.append(1) or original(*a, **k))
     first = trainer._compute_loss(trainer.model, batch)
-    trainer._check_context_length(batch)
+    trainer.check_context_length(batch)
     second = trainer._compute_loss(trainer.model, batch)
     torch.testing.assert_close(first, second)
     assert len(unwraps) <= 1

@@ -32,7 +32,7 @@ def _loss_and_grads(trainer, inputs: dict) -> tuple[torch.Tensor, list[torch.Ten
 
 def _perturbed_old_logps(trainer, inputs: dict, seed: int = 7) -> torch.Tensor:
     """Behaviour log-probs a little off the current policy, so ratios leave the clip range."""
-    current = trainer._behaviour_logps(inputs)
+    current = trainer.behaviour_logps(inputs)
     generator = torch.Generator().manual_seed(seed)
     return current + 0.4 * torch.randn(current.shape, generator=generator)
 

@@ -58,7 +58,7 @@ def test_loss_uses_vllm_importance_sampling_like_trl(policy_loss, tiny_model_pat
 
     # Pretend the batch came from vLLM: a uniform IS ratio of 0.5 and sampling log-probs equal to the policy's.
     trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
-    old = trainer._behaviour_logps(inputs)
+    old = trainer.behaviour_logps(inputs)
     vllm_inputs = {
         **inputs,
         "importance_sampling_ratio": torch.full_like(old, 0.5),
