@@ -155,6 +155,27 @@ class ReasoningConfig(GRPOConfig):
             with several reward functions needs it set (a format bonus alone must never retire a prompt the model
             never solved). Logged as `task_reward`.
 
+        > Parameters of asynchronous rollouts
+
+        async_rollouts (`bool` or `None`, *optional*, defaults to `False`):
+            Train on rollouts sampled by an earlier policy, with a deterministic staleness bound (PipelineRL-k, as
+            ScaleRL trains): the batch of generation step `g` is sampled from the weights of step `g − max_staleness`
+            (the first ones from the initial weights), whatever the timing, so a run is reproducible and resumes
+            exactly (the behaviour weights are saved in checkpoints). The sampled tokens' log-probabilities under
+            that behaviour policy `μ` are recorded at generation time, and TRL's own importance-sampling correction
+            between `π_old` and `μ` applies (`vllm_importance_sampling_*`, as for vLLM); losses whose ratio is
+            defined against the sampler take `μ` directly (DPPO's ratio and mask, CISPO's capped weight). Works with
+            HF `generate` and with vLLM (the engine is synced with the behaviour weights). Generation runs in the
+            training process between optimizer steps: the lag is the algorithm's, not (yet) an overlap in time.
+            Logged: `async/staleness`, TRL's `sampling/importance_sampling_ratio/*` and `async/is_weight_changed`.
+            `None` (ScaleRL's default): on wherever the run supports it, synchronous with a warning where it does not
+            (a vision-language model sampled by `generate`, whose sampler log-probabilities are not recorded; FSDP or
+            DeepSpeed ZeRO-3, whose processes hold only shards of the weights to snapshot). `True` refuses those runs
+            with an error.
+        max_staleness (`int`, *optional*, defaults to `1`):
+            `k`, the staleness bound in generation steps (optimizer steps when `steps_per_generation` equals
+            `gradient_accumulation_steps`, TRL's default). `0` samples from the current weights.
+
         > Parameters of fault handling
 
         on_reward_error (`str`, *optional*, defaults to `"raise"`):
@@ -290,6 +311,17 @@ class ReasoningConfig(GRPOConfig):
             "help": "The reward functions (by name) whose weighted sum is the task reward that dynamic sampling, "
             "zero-variance filtering and no-positive-resampling judge. None = all of them."
         },
+    )
+    async_rollouts: bool | None = field(
+        default=False,
+        metadata={
+            "help": "Sample each batch from the policy of max_staleness generation steps earlier (deterministic "
+            "PipelineRL-k), with TRL's importance-sampling correction against it. None = on where the run supports it."
+        },
+    )
+    max_staleness: int = field(
+        default=1,
+        metadata={"help": "Asynchronous rollouts: the staleness bound k in generation steps (0 = current weights)."},
     )
     on_reward_error: str = field(
         default="raise",
@@ -503,6 +535,8 @@ class ReasoningConfig(GRPOConfig):
                 f"{self.policy_loss!r}. Set delta=None."
             )
         self._validate_reward_clip_range()
+        if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}.")
         if self.task_pass_threshold is not None and not math.isfinite(self.task_pass_threshold):
             raise ValueError(f"task_pass_threshold must be a finite number or None, got {self.task_pass_threshold}.")
         if self.reward_timeout is not None and not self.reward_timeout > 0:

@@ -155,7 +155,9 @@ def clip_loss(
     return _clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high, delta, stats).expand_as(logps)
 
 
-@POLICY_LOSSES.register("cispo", sequence_level=True)
+# async_ratio_to_sampler: on an asynchronous batch (async_rollouts) the trainer passes the sampler's log-probs as
+# old_logps: CISPO's weight is then min(pi / mu, c), as ScaleRL trains it with PipelineRL.
+@POLICY_LOSSES.register("cispo", sequence_level=True, async_ratio_to_sampler=True)
 def cispo_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,

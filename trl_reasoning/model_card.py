@@ -139,6 +139,15 @@ def reasoning_card_section(trainer: Any) -> str:
     pieces = [f"{key} `{getattr(args, key)}`" for key in ALGORITHM_FIELDS if getattr(args, key, None) is not None]
     if pieces:
         lines += ["Algorithm: " + " · ".join(pieces) + ".", ""]
+    behaviour = getattr(trainer, "behaviour", None)
+    if behaviour is not None:
+        lines += [
+            f"Rollouts: asynchronous, with a deterministic staleness bound of k = {behaviour.max_staleness} generation "
+            "steps (each batch sampled by the policy of k steps earlier, with TRL's importance-sampling correction).",
+            "",
+        ]
+    elif getattr(args, "async_rollouts", False) is None:
+        lines += ["Rollouts: synchronous (this run could not take the preset's asynchronous rollouts).", ""]
     changed = non_default_settings(args)
     if changed:
         lines += [

@@ -158,7 +158,7 @@ class Rollout:
             self.combined_rewards(rewards_per_func, group_size=group_size), rewards_per_func, lengths, output, mode
         )
         if host._uses_topk_divergence:
-            output.update(host._rollout_topk(output, mode))
+            output.update(host.rollout_topk(output, mode))
         informative = informative_groups(task_rewards, group_size)
         return SampledRound(output, rewards, informative, task_rewards, completion_tokens=int(lengths.sum().item()))
 

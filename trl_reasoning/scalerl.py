@@ -3,7 +3,7 @@
 
 advantage ``scalerl`` (group-centred, scaled by the batch std of the centred advantages) · objective ``cispo`` with cap ``c = 5.0`` · aggregation
 ``prompt_mean`` · zero-variance filtering · no-positive-resampling at pass rate ``0.9`` · FP32 LM head ·
-``beta = 0``.
+``beta = 0`` · asynchronous rollouts with staleness bound ``k = 8`` (PipelineRL-8).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from .trainer import ReasoningTrainer
 class ScaleRLConfig(ReasoningConfig):
     """[`ReasoningConfig`] with ScaleRL's defaults: `advantage_estimator="scalerl"`, `policy_loss="cispo"` with
     `epsilon_high=5.0` (the absolute cap on the importance ratio), `loss_aggregation="prompt_mean"`,
-    `zero_variance_filtering=True`, `positive_resampling_threshold=0.9`, `cast_lm_head_to_fp32=True`, `beta=0.0`.
+    `zero_variance_filtering=True`, `positive_resampling_threshold=0.9`, `cast_lm_head_to_fp32=True`, `beta=0.0`,
+    and asynchronous rollouts with `max_staleness=8` (`async_rollouts=None`: wherever the run supports it; set
+    `async_rollouts=False` to train synchronously).
 
     The `"scalerl"` estimator centres each reward on its group's mean and divides by the standard deviation of those
     centred advantages over the batch's training groups (ScaleRL §4; groups dropped by zero-variance filtering are
@@ -55,6 +57,15 @@ class ScaleRLConfig(ReasoningConfig):
         "cast_lm_head_to_fp32", True, source="ScaleRL §3.2 (FP32 precision for LLM logits) and §4"
     )
     beta: float = preset_default("beta", 0.0, source="ScaleRL §4 (the ScaleRL objective has no KL term)")
+    async_rollouts: bool | None = preset_default(
+        "async_rollouts",
+        None,
+        source="ScaleRL §3.1 and §4 (asynchronous PipelineRL); None: on wherever the run supports it, synchronous "
+        "with a warning elsewhere",
+    )
+    max_staleness: int = preset_default(
+        "max_staleness", 8, source="ScaleRL §3.1 and §4 (PipelineRL with a maximum off-policyness of k = 8)"
+    )
 
 
 class ScaleRLTrainer(ReasoningTrainer):

@@ -23,6 +23,7 @@ How a step works, on top of TRL's ``GRPOTrainer``:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -35,10 +36,11 @@ from datasets import IterableDataset
 from packaging.version import Version
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import add_fused_lm_head
+from trl.trainer.utils import add_fused_lm_head, pad
 
 from ._warnings import user_stacklevel
 from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
+from .async_rollouts import BehaviourWeights, importance_weight_share_changed, trainable_parameters
 from .batch import TrainBatch
 from .checkpoints import SAMPLING_STATE_FILE, last_complete_checkpoint, read_sampling_state, write_json_atomically
 from .config import ReasoningConfig
@@ -72,6 +74,7 @@ TRL_PRIVATE_API: dict[str, tuple[str, ...]] = {
     "_get_train_sampler": ("dataset",),
     "_save_checkpoint": ("model", "trial"),
     "_load_optimizer_and_scheduler": ("checkpoint",),
+    "_generate": ("prompts",),
     # called from the overrides
     "_get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"),
     "get_high_entropy_mask": ("entropies", "mask", "threshold"),
@@ -278,6 +281,41 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         # when vLLM generates.
         if self.use_vllm and self._uses_topk_divergence:
             self._keep_engine_topk()
+        # Asynchronous rollouts: the behaviour policy's weights (saved in checkpoints) and the real generation backend
+        # (use_vllm reads True while TRL scores an asynchronous batch, see _sampler_correction).
+        self._generates_with_vllm = self.use_vllm
+        self.behaviour = BehaviourWeights(self.args.max_staleness) if self._async_rollouts_on() else None
+
+    def _async_rollouts_on(self) -> bool:
+        """``async_rollouts``: ``True`` (an error where the run cannot), ``None`` (on where it can, else a warning)."""
+        requested = self.args.async_rollouts
+        if requested is False:
+            return False
+        problem = None
+        sharded = self.is_fsdp_enabled or (
+            self.is_deepspeed_enabled and getattr(self.accelerator.state.deepspeed_plugin, "zero_stage", 0) == 3  # type: ignore[union-attr]
+        )
+        if sharded:
+            problem = (
+                "asynchronous rollouts keep snapshots of the trainable weights and swap them into the model to "
+                "sample; with FSDP or DeepSpeed ZeRO-3 each process holds only a shard of them (use ZeRO-1/2 or LoRA)"
+            )
+        elif self._is_vlm and not self.use_vllm:
+            problem = (
+                "asynchronous rollouts record the sampler's log-probabilities at generation time; for a "
+                "vision-language model that needs vLLM (use_vllm=True), which returns them"
+            )
+        if problem is None:
+            return True
+        if requested is True:
+            raise ValueError(f"async_rollouts=True: {problem}. Set async_rollouts=False to train synchronously.")
+        warnings.warn(
+            f"async_rollouts=None ({type(self.args).__name__}'s default): this run trains synchronously, because "
+            f"{problem}. Set async_rollouts=False to silence this warning.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+        return False
 
     @property
     def last_train_batch(self) -> TrainBatch | None:
@@ -362,7 +400,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             options = {} if outputs is None else {"outputs": outputs}
             add_fused_lm_head(base, temperature=self.temperature, cast_lm_head_to_fp32=True, **options)
 
-    # ------------------------------------------------------------------ TRL private override 1 of 6
+    # ------------------------------------------------------------------ TRL private override 1 of 7
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self.args.on_reward_error == "exclude":
@@ -386,9 +424,11 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self._scored_batch = (rewards_per_func, self.accelerator.gather(lengths))
         return rewards_per_func
 
-    # ------------------------------------------------------------------ TRL private override 2 of 6
+    # ------------------------------------------------------------------ TRL private override 2 of 7
     def _generate_and_score_completions(self, inputs):
         """Where a batch comes from is ``self.rollout`` (``trl_reasoning.rollout``): rounds, shaping, selection."""
+        if self.behaviour is not None and self.model.training:
+            self.behaviour.record(trainable_parameters(self.model))  # the weights at this generation step
         return self.rollout.generation_batch(inputs, "train" if self.model.training else "eval")
 
     def trl_round(self, inputs) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -397,7 +437,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self._scored_batch = None
         if self._engine_topk is not None:
             self._engine_topk = []
-        output = super()._generate_and_score_completions(inputs)
+        with self._sampler_correction():
+            output = super()._generate_and_score_completions(inputs)
         if self._scored_batch is None:
             raise TRLCompatibilityError(
                 "GRPOTrainer._generate_and_score_completions no longer calls _calculate_rewards; trl-reasoning "
@@ -405,7 +446,91 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             )
         rewards_per_func, lengths = self._scored_batch
         self._scored_batch = None
+        if self.behaviour is not None and "importance_sampling_ratio" in output:
+            changed = importance_weight_share_changed(
+                output["importance_sampling_ratio"],
+                loss_tokens(output),
+                self.vllm_importance_sampling_mode,
+                self.vllm_importance_sampling_clip_min,
+                self.vllm_importance_sampling_clip_max,
+            )
+            share = self.accelerator.gather(torch.tensor([changed], device=self.accelerator.device)).mean().item()
+            self._metrics["train"]["async/is_weight_changed"].append(share)
         return output, rewards_per_func, lengths
+
+    @contextlib.contextmanager
+    def _sampler_correction(self):
+        """TRL computes its importance-sampling correction between ``pi_old`` and the sampler's log-probs only when
+        ``use_vllm``: an asynchronous training batch takes that same path (TRL's code, modes and metrics), so
+        ``use_vllm`` reads True while TRL scores it (``_generate`` restores the real backend for generation)."""
+        if self.behaviour is None or not self.model.training or self._generates_with_vllm:
+            yield
+            return
+        self.use_vllm = True
+        try:
+            yield
+        finally:
+            self.use_vllm = False
+
+    # ------------------------------------------------------------------ TRL private override 7 of 7
+    def _generate(self, prompts):
+        """With asynchronous rollouts (training batches only), TRL's generation runs with the behaviour weights
+        swapped into the model (vLLM is synced with them first), and the sampled tokens' log-probabilities under them
+        are recorded: vLLM returns them, ``generate`` does not, so they are computed with the same weights."""
+        if self.behaviour is None or not self.model.training:
+            return super()._generate(prompts)
+        sampling_backend = self.use_vllm
+        self.use_vllm = self._generates_with_vllm
+        try:
+            with self.behaviour.swapped_in(trainable_parameters(self.model)) as staleness:
+                if self.use_vllm:
+                    self._last_loaded_step = -1  # sync the engine with the behaviour weights
+                generated = super()._generate(prompts)
+                if not isinstance(generated, tuple) or len(generated) != 8:
+                    raise TRLCompatibilityError(
+                        "GRPOTrainer._generate no longer returns (prompt_ids, completion_ids, tool_mask, completions, "
+                        f"logprobs, extra_fields, images, tool_images) (checked against TRL {TRL_CHECKED_VERSION})."
+                    )
+                if generated[4] is None:
+                    generated = (*generated[:4], self._sampled_token_logps(generated[0], generated[1]), *generated[5:])
+        finally:
+            self.use_vllm = sampling_backend
+            if self._generates_with_vllm:
+                self._last_loaded_step = -1  # the engine holds the behaviour weights: sync before it samples again
+        self._metrics["train"]["async/staleness"].append(float(staleness))
+        return generated
+
+    def rollout_topk(self, output, mode: str) -> dict[str, torch.Tensor]:
+        """DPPO top-K: the sampler's top-K ids and log-probs (``TopKForwardMixin._rollout_topk``), from the behaviour
+        weights on an asynchronous batch sampled by ``generate`` (vLLM's own top-K already comes from them)."""
+        if self.behaviour is None or mode != "train" or self._engine_topk:
+            return self._rollout_topk(output, mode)
+        with self.behaviour.swapped_in(trainable_parameters(self.model)):
+            return self._rollout_topk(output, mode)
+
+    def _sampled_token_logps(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """Log-probabilities of the sampled tokens under the model as it is now, laid out as TRL lays out a batch
+        (prompts left-padded, completions right-padded), so that they equal TRL's ``old_per_token_logps`` when the
+        weights are the same."""
+
+        def padded(rows: list[list[int]], value: int, side: str) -> torch.Tensor:
+            tensors = [torch.tensor(row, dtype=torch.long) for row in rows]
+            return pad(tensors, value, side, self.pad_to_multiple_of).to(self.accelerator.device)
+
+        pad_id = self._tokenizer.pad_token_id
+        prompts = padded(prompt_ids, pad_id, "left")
+        prompt_mask = padded([[1] * len(ids) for ids in prompt_ids], 0, "left")
+        completions = padded(completion_ids, pad_id, "right")
+        completion_mask = padded([[1] * len(ids) for ids in completion_ids], 0, "right")
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model,
+                torch.cat([prompts, completions], dim=1),
+                torch.cat([prompt_mask, completion_mask], dim=1),
+                completions.size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
+        return [row[: len(ids)].tolist() for row, ids in zip(logps, completion_ids, strict=True)]
 
     def _context_limit(self) -> int | None:
         return getattr(self._bare_model().config.get_text_config(), "max_position_embeddings", None)
@@ -506,7 +631,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             cache[model] = self.accelerator.unwrap_model(model)
         return cache[model]
 
-    # ------------------------------------------------------------------ TRL private override 4 of 6
+    # ------------------------------------------------------------------ TRL private override 4 of 7
     def _get_train_sampler(self, dataset=None):
         """TRL's ``RepeatSampler`` order (epoch 0 is the same permutation), made a function of the epoch so that a
         resumed run sees the same prompts, and skipping retired prompts (see ``EpochRepeatSampler``)."""
@@ -520,13 +645,15 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             shuffle=self.shuffle_dataset,
         )
 
-    # ------------------------------------------------------------------ TRL private overrides 5 and 6 of 6
+    # ------------------------------------------------------------------ TRL private overrides 5 and 6 of 7
     def _save_checkpoint(self, model, trial):
         # The sampling state goes in first, atomically: the Trainer writes trainer_state.json last (then starts the hub
         # push), so a checkpoint whose trainer_state.json reads always holds its whole sampling state.
         if self.args.should_save:
             folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
             write_json_atomically(os.path.join(folder, SAMPLING_STATE_FILE), self.sampling_state_dict())
+            if self.behaviour is not None:
+                self.behaviour.save(folder)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
@@ -537,6 +664,13 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _restore_sampling_state(self, checkpoint: str) -> None:
         """Load ``checkpoint``'s sampling state; a damaged file is a ``SamplingStateError`` naming it, a missing one
         (a checkpoint copied by hand, or written by TRL's own trainer) a warning when this run has state to lose."""
+        if self.behaviour is not None and not self.behaviour.load(checkpoint):
+            warnings.warn(
+                f"{checkpoint} holds no behaviour weights of asynchronous rollouts: the pipeline restarts from the "
+                "checkpoint's weights (the next batches are less stale than in an uninterrupted run).",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
         path = os.path.join(checkpoint, SAMPLING_STATE_FILE)
         state = read_sampling_state(checkpoint)
         if state is None:
@@ -611,7 +745,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             )
         return logps
 
-    # ------------------------------------------------------------------ TRL private override 3 of 6
+    # ------------------------------------------------------------------ TRL private override 3 of 7
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
         mask = loss_tokens(inputs)
@@ -670,7 +804,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         per_token_loss = compute_policy_loss(
             args.policy_loss,
             per_token_logps,
-            old_per_token_logps,
+            self._ratio_denominator(inputs, old_per_token_logps),
             advantages,
             mask,
             stats=stats,
@@ -690,6 +824,18 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             sequence_level=args.importance_sampling_level == "sequence",
         )
         return per_token_loss + self.beta * per_token_kl, per_token_kl, stats
+
+    def _ratio_denominator(self, inputs, old_per_token_logps: torch.Tensor) -> torch.Tensor:
+        """``pi_old``, except for a loss registered ``async_ratio_to_sampler`` (CISPO) on an asynchronous batch: its
+        ratio is then taken against the sampler ``mu`` (the DPPO authors' bypass mode), with no TRL correction on top."""
+        sampler = inputs.get("sampling_per_token_logps")
+        if sampler is None or not self._ratio_to_sampler():
+            return old_per_token_logps
+        return torch.where(torch.isnan(sampler), old_per_token_logps, sampler)
+
+    def _ratio_to_sampler(self) -> bool:
+        loss = self.args.policy_loss
+        return self.behaviour is not None and POLICY_LOSSES.trait(loss, "async_ratio_to_sampler", False)
 
     def _policy_forward(self, model, inputs):
         """The current policy's sampled-token log-probs, entropies, log-probs at the stored rollout top-K ids (only
@@ -734,10 +880,10 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             per_token_loss = per_token_loss * entropy_mask
         loss = self.args.policy_loss
         if (
-            self.use_vllm
-            and self.vllm_importance_sampling_correction
+            "importance_sampling_ratio" in inputs  # TRL's correction is on and the batch was sampled by vLLM or late
             and not POLICY_LOSSES.trait(loss, "ratio_to_rollout", False)
             and not POLICY_LOSSES.trait(loss, "own_is_correction", False)
+            and not self._ratio_to_sampler()
         ):
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
         return per_token_loss

@@ -87,6 +87,8 @@ def cli_run(tmp_path_factory):
         "--report_to", "none",
         "--disable_tqdm", "true",
         "--seed", "0",
+        "--async_rollouts", "true",  # the pipeline through the CLI, past checkpoints and a resume
+        "--max_staleness", "2",
     ]  # fmt: skip
     first = _run(train_args, workdir, env)
     first_files = sorted(p.name for p in output_dir.iterdir())
@@ -187,6 +189,19 @@ def test_cli_model_card_names_the_model(cli_run):
     card = (cli_run["output_dir"] / "README.md").read_text()
     title = _card_title(card)
     assert title.removeprefix("# Model Card for ").strip() not in ("", "None"), title
+    assert "Rollouts: asynchronous, with a deterministic staleness bound of k = 2" in card
+
+
+@pytest.mark.journey
+@pytest.mark.slow
+def test_cli_trains_asynchronously_and_resumes_the_pipeline(cli_run):
+    """`--async_rollouts true --max_staleness 2`: steps 1-2 sampled by fewer steps' lag, then 2; the resumed job
+    (from checkpoint-4) continues at the bound, from the checkpoint's behaviour weights."""
+    for run in ("first", "resumed"):
+        logs = _training_logs(cli_run[run].stdout)
+        staleness = [float(line.split("'async/staleness': '")[1].split("'")[0]) for line in logs]
+        assert staleness == ([0, 1, 2, 2, 2] if run == "first" else [2]), staleness
+    assert (cli_run["output_dir"] / "checkpoint-4" / "trl_reasoning_behaviour_weights.pt").is_file()
 
 
 @pytest.mark.journey

@@ -1,4 +1,5 @@
-"""Journey: two real gloo processes (torchrun) train DAPO with dynamic sampling and ScaleRL with no-positive-resampling,
+"""Journey: two real gloo processes (torchrun) train DAPO with dynamic sampling (synchronous and asynchronous) and
+ScaleRL with no-positive-resampling (asynchronous by default),
 with checkpoints every 2 steps to step 5; then a second torchrun, a restarted job, resumes both from checkpoint-4 and
 finishes. Both ranks must end every run at max_steps with the same parameters and decisions, and the resumed run must
 train step 5 as the uninterrupted one did and keep ScaleRL's retired prompts retired (it once did not: accelerate wraps
@@ -15,7 +16,7 @@ import pytest
 from conftest import run_torchrun
 
 WORKER = Path(__file__).with_name("two_process_worker.py")
-PRESETS = ("DAPO", "ScaleRL")
+PRESETS = ("DAPO", "ScaleRL", "DAPO-async")
 MAX_STEPS = 5
 
 
@@ -69,14 +70,20 @@ def test_two_processes_train_past_checkpoints_and_resume(preset, runs):
         assert sorted(int(step) for step in reports[0]["losses"]) == list(range(1, MAX_STEPS + 1))
         assert all(math.isfinite(loss) for loss in reports[0]["losses"].values())
     assert {"checkpoint-2", "checkpoint-4"} <= {p.name for p in (runs / preset).iterdir()}
+    # Asynchronous presets (ScaleRL by default, k = 8; DAPO-async, k = 2): batch g is sampled by the weights of step
+    # g - k on both ranks, and the resumed job continues the pipeline from the checkpoint's behaviour weights.
+    k = {"DAPO": None, "ScaleRL": 8, "DAPO-async": 2}[preset]
+    for reports in (train, resume):
+        want = {} if k is None else {str(s): float(min(s - 1, k)) for s in range(1, MAX_STEPS + 1)}
+        assert reports[0]["staleness"] == reports[1]["staleness"] == want
     # The resumed job generated only for the step it had left (steps 1-4 of its logs come from the checkpoint).
-    calls = int(resume[0]["generation_rounds"][-1]) if preset == "DAPO" else 1
+    calls = int(resume[0]["generation_rounds"][-1]) if preset.startswith("DAPO") else 1
     assert [len(r["reward_calls"]) for r in resume] == [calls, calls]
     assert resume[0]["losses"]["4"] == train[0]["losses"]["4"]
 
     # The feature was exercised before the checkpoint the resumed job starts from.
     state = json.loads((runs / preset / "checkpoint-4" / "trl_reasoning_sampling_state.json").read_text())
-    if preset == "DAPO":
+    if preset.startswith("DAPO"):
         assert any(rounds > 1 for rounds in train[0]["generation_rounds"]), train[0]["generation_rounds"]
         assert state["prompt_stream"] is not None
     else:

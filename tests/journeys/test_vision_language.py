@@ -241,3 +241,15 @@ def test_the_fp32_lm_head_presets_train_a_vlm_with_tied_embeddings(name, tied_vl
     assert trainer.args.cast_lm_head_to_fp32 and head.weight.dtype == torch.float32
     assert head.weight is trainer.model.get_input_embeddings().weight  # still tied
     assert trainer.state.global_step == 2 and moved
+
+
+def test_async_rollouts_on_a_vlm_sampled_by_generate_are_refused_or_synchronous(tiny_vlm, tmp_path):
+    """The sampler's log-probs of an image prompt are not recorded by `generate`: `async_rollouts=True` is refused
+    with the way out; ScaleRL's default (`None`: where the run supports it) trains synchronously with a warning."""
+    path, processor = tiny_vlm
+    build = dict(model=str(path), reward_funcs=dense, train_dataset=image_prompts(8), processing_class=processor)
+    with pytest.raises(ValueError, match="async_rollouts=True: .*vision-language model.*use_vllm"):
+        tr.DAPOTrainer(args=tr.DAPOConfig(**cpu_args(output_dir=str(tmp_path / "a"), async_rollouts=True)), **build)
+    with pytest.warns(UserWarning, match="trains synchronously"):
+        trainer = tr.ScaleRLTrainer(args=tr.ScaleRLConfig(**cpu_args(output_dir=str(tmp_path / "b"))), **build)
+    assert trainer.behaviour is None

@@ -1,4 +1,5 @@
-"""Two-process journey worker (run under torchrun): DAPO with dynamic sampling and ScaleRL with no-positive-resampling,
+"""Two-process journey worker (run under torchrun): DAPO with dynamic sampling (synchronous, and asynchronous with
+k = 2) and ScaleRL with no-positive-resampling (asynchronous, its default),
 checkpoints every 2 steps to step 5, or a restarted job resumed from checkpoint-4.
 
 Usage: ``torchrun --nproc_per_node 2 tests/journeys/two_process_worker.py MODEL_PATH OUT_DIR train|resume``. For each
@@ -26,6 +27,12 @@ from trl_reasoning.demo.tiny import cpu_config_kwargs  # noqa: E402
 PRESETS = {
     "DAPO": (tr.DAPOTrainer, tr.DAPOConfig, {"dynamic_sampling": True}),
     "ScaleRL": (tr.ScaleRLTrainer, tr.ScaleRLConfig, {"positive_resampling_threshold": 0.9}),
+    # asynchronous rollouts (ScaleRL above is asynchronous too, with its default k = 8) with dynamic sampling
+    "DAPO-async": (
+        tr.DAPOTrainer,
+        tr.DAPOConfig,
+        {"dynamic_sampling": True, "async_rollouts": True, "max_staleness": 2},
+    ),
 }
 MAX_STEPS = 5
 SAVE_STEPS = 2
@@ -87,6 +94,7 @@ def run(name: str, model_path: str, out_dir: str, mode: str) -> None:
         "retired_prompts": [
             e["group_selection/retired_prompts"] for e in history if "group_selection/retired_prompts" in e
         ],
+        "staleness": {str(e["step"]): e["async/staleness"] for e in history if "async/staleness" in e},
         "sampling_state": trainer.sampling_state_dict(),
         "reward_calls": list(REWARD_CALLS),
         "parameter_checksum": float(sum(p.detach().double().sum() for p in trainer.model.parameters())),

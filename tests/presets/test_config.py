@@ -78,6 +78,8 @@ PRESET_DEFAULTS = {
         "positive_resampling_threshold": (0.9, "ScaleRL §3.2"),
         "cast_lm_head_to_fp32": (True, "ScaleRL §3.2"),
         "beta": (0.0, "ScaleRL §4"),
+        "async_rollouts": (None, "ScaleRL §3.1"),
+        "max_staleness": (8, "ScaleRL §3.1"),
     },
 }
 

@@ -170,3 +170,29 @@ def test_without_the_engine_the_model_forward_is_kept(tiny_model_path, tmp_path)
     assert trainer._engine_topk is None
     batch = generate_batch(trainer)
     assert not torch.isnan(batch["rollout_topk_logps"]).any()  # HF path: finite values everywhere
+
+
+def test_asynchronous_rollouts_sync_the_engine_with_the_behaviour_weights(vllm_standin, tiny_model_path, tmp_path):
+    """With vLLM, the engine samples from the behaviour weights (synced before each training generation, and again
+    before the next one), its own log-probs and top-K are the sampler's: nothing is recomputed by the trainer."""
+    trainer = _dppo_trainer(tiny_model_path, tmp_path, max_steps=3, async_rollouts=True, max_staleness=1)
+    engine = trainer.vllm_generation
+    seen = []
+
+    def sync_weights():  # the stand-in's engine is the model itself: record what it holds when synced
+        seen.append({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+
+    engine.sync_weights = sync_weights
+
+    def recomputed(*args, **kwargs):
+        raise AssertionError("the trainer recomputed log-probs that vLLM returned")
+
+    trainer._sampled_token_logps = recomputed
+    start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert [e["async/staleness"] for e in trainer.state.log_history if "async/staleness" in e] == [0, 1, 1]
+    assert len(seen) == 3
+    # k = 1: steps 1 and 2 are sampled by the initial weights, step 3 by the weights after step 1.
+    for name, before in start.items():
+        assert torch.equal(seen[0][name], before) and torch.equal(seen[1][name], before)
+    assert any(not torch.equal(seen[2][name], start[name]) for name in start)

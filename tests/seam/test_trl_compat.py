@@ -33,6 +33,7 @@ def test_every_override_is_listed():
         "_get_train_sampler",
         "_save_checkpoint",
         "_load_optimizer_and_scheduler",
+        "_generate",
     }
     assert overridden <= set(seam.TRL_PRIVATE_API)
 

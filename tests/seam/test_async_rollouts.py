@@ -1,0 +1,325 @@
+"""Asynchronous rollouts with a deterministic staleness bound (``async_rollouts``, ``max_staleness``).
+
+What is checked: the batch of generation step ``g`` is sampled by the weights of step ``g - k`` (recomputing the
+recorded sampler log-probs from those weights, and not from the current ones); each loss takes the ratio it is
+defined with (clip: TRL's importance-sampling correction between pi_old and mu; CISPO and DPPO: their ratio against
+mu, with no correction on top); ``k = 0`` trains exactly as a synchronous run; a resumed run equals the
+uninterrupted one; every preset trains with it; and the refusals and warnings.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from conftest import PRESETS, StopAt, cpu_args, digit_fraction, generate_batch, logged_metric, lora_config
+from transformers import AutoModelForCausalLM
+
+import trl_reasoning as tr
+from trl_reasoning.async_rollouts import (
+    BEHAVIOUR_WEIGHTS_FILE,
+    BehaviourWeights,
+    importance_weight_share_changed,
+)
+from trl_reasoning.losses import cispo_loss, clip_loss, dppo_loss
+
+# ------------------------------------------------------------------------------------------------- the pure part
+
+
+def test_staleness_grows_to_the_bound_and_the_oldest_snapshot_is_swapped_in():
+    weights = BehaviourWeights(max_staleness=2)
+    param = torch.nn.Parameter(torch.zeros(3))
+    staleness = []
+    for step in range(5):
+        with torch.no_grad():
+            param.fill_(float(step))
+        staleness.append(weights.record({"w": param}))
+        with weights.swapped_in({"w": param}) as lag:
+            assert lag == staleness[-1]
+            assert torch.equal(param.detach(), torch.full((3,), float(max(step - 2, 0))))
+        assert torch.equal(param.detach(), torch.full((3,), float(step))), "the current weights were not restored"
+    assert staleness == [0, 1, 2, 2, 2]
+
+
+def test_staleness_zero_keeps_no_snapshot():
+    weights = BehaviourWeights(max_staleness=0)
+    param = torch.nn.Parameter(torch.ones(2))
+    assert weights.record({"w": param}) == 0
+    assert weights.state_dict()["snapshots"] == []
+    with weights.swapped_in({"w": param}) as lag:
+        assert lag == 0
+
+
+def test_snapshots_survive_a_save_and_a_load(tmp_path):
+    weights = BehaviourWeights(max_staleness=1)
+    for value in (1.0, 2.0, 3.0):
+        weights.record({"w": torch.full((2,), value)})
+    weights.save(tmp_path)
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p], "the temporary file was left behind"
+    restored = BehaviourWeights(max_staleness=1)
+    assert restored.load(tmp_path)
+    assert restored.generation_steps == 3 and restored.staleness == 1
+    param = torch.nn.Parameter(torch.zeros(2))
+    with restored.swapped_in({"w": param}):
+        assert torch.equal(param.detach(), torch.full((2,), 2.0))
+    assert not BehaviourWeights(1).load(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match="max_staleness=1.*max_staleness=3"):
+        BehaviourWeights(3).load(tmp_path)
+    (tmp_path / BEHAVIOUR_WEIGHTS_FILE).write_bytes(b"")
+    with pytest.raises(RuntimeError, match=BEHAVIOUR_WEIGHTS_FILE):
+        BehaviourWeights(1).load(tmp_path)
+
+
+def test_share_of_changed_importance_weights_by_hand():
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    ratio = torch.tensor([[0.5, 3.0, 1.0], [3.0, 0.2, 9.0]])
+    # truncate at 3: two of the five counted tokens sit at the cap (the 9.0 is padding)
+    assert importance_weight_share_changed(ratio, mask, "token_truncate", None, 3.0) == pytest.approx(2 / 5)
+    assert importance_weight_share_changed(ratio, mask, "token_truncate", 0.25, 3.0) == pytest.approx(3 / 5)
+    masked = torch.tensor([[0.0, 1.2, 0.9], [1.0, 0.0, 0.0]])
+    assert importance_weight_share_changed(masked, mask, "token_mask", None, 3.0) == pytest.approx(2 / 5)
+    sequences = torch.tensor([[0.0], [1.5]])
+    assert importance_weight_share_changed(sequences, mask, "sequence_mask", None, 3.0) == pytest.approx(1 / 2)
+
+
+def test_config_checks_max_staleness():
+    with pytest.raises(ValueError, match="max_staleness"):
+        tr.ReasoningConfig(**cpu_args(), async_rollouts=True, max_staleness=-1)
+    assert tr.ReasoningConfig(**cpu_args()).async_rollouts is False
+    scalerl = tr.ScaleRLConfig(**cpu_args())
+    assert (scalerl.async_rollouts, scalerl.max_staleness) == (None, 8)
+
+
+# ------------------------------------------------------------------------------------------------- in a trainer
+
+
+def _trainer(model_path, tmp_path, config_cls=tr.ReasoningConfig, trainer_cls=tr.ReasoningTrainer, **overrides):
+    settings = dict(async_rollouts=True, max_staleness=2, max_steps=5)
+    settings.update(overrides)
+    args = config_cls(**cpu_args(output_dir=str(tmp_path), **settings))
+    return trainer_cls(model=model_path, reward_funcs=digit_fraction, args=args, train_dataset=tr_prompts())
+
+
+def tr_prompts():
+    from conftest import make_prompts
+
+    return make_prompts(16)
+
+
+class _Recording:
+    """Records, around the trainer's ``_generate``, the weights at each generation step and what was sampled."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.calls = []
+        generate = trainer._generate
+
+        def recorded(prompts):
+            weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+            output = generate(prompts)
+            self.calls.append((trainer.state.global_step, weights, output[0], output[1], output[4]))
+            return output
+
+        trainer._generate = recorded
+
+
+def _logps_under(model, weights, prompt_ids, completion_ids, temperature):
+    """Independent recomputation: each sequence alone, no padding, float64 log-softmax."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name in weights:
+                param.copy_(weights[name])
+        rows = []
+        for prompt, completion in zip(prompt_ids, completion_ids, strict=True):
+            ids = torch.tensor([prompt + completion])
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double() / temperature
+            rows.append(torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0])
+    return rows
+
+
+@pytest.mark.parametrize("policy_loss", ["clip", "cispo", "dppo"])
+def test_each_batch_is_sampled_by_the_weights_of_k_steps_earlier(policy_loss, tiny_model_path, tmp_path):
+    k = 2
+    trainer = _trainer(tiny_model_path, tmp_path, policy_loss=policy_loss, max_staleness=k)
+    recording = _Recording(trainer)
+    trainer.train()
+    assert logged_metric(trainer, "async/staleness") == [0, 1, 2, 2, 2]
+    weights_at = {step: weights for step, weights, *_ in recording.calls}
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
+    differs_from_current = 0
+    for step, current, prompt_ids, completion_ids, logprobs in recording.calls:
+        behaviour = weights_at[max(step - k, 0)]
+        expected = _logps_under(reference, behaviour, prompt_ids, completion_ids, trainer.temperature)
+        for recorded, want in zip(logprobs, expected, strict=True):
+            torch.testing.assert_close(torch.tensor(recorded, dtype=torch.float64), want, atol=1e-4, rtol=1e-4)
+        if step >= 1:
+            now = _logps_under(reference, current, prompt_ids, completion_ids, trainer.temperature)
+            differs_from_current += max(float((torch.tensor(r) - n).abs().max()) for r, n in zip(logprobs, now))
+    assert differs_from_current > 1e-2, "the recorded log-probs are those of the current weights: nothing lagged"
+    losses = logged_metric(trainer, "loss")
+    assert len(losses) == 5 and all(math.isfinite(x) for x in losses)
+
+
+def _stale_batch(trainer):
+    """A training batch sampled one optimizer step late: one step trained, then a generation step."""
+    trainer.train()
+    return generate_batch(trainer)
+
+
+@pytest.mark.parametrize("policy_loss", ["clip", "cispo", "dppo"])
+def test_each_loss_takes_the_ratio_it_is_defined_with(policy_loss, tiny_model_path, tmp_path):
+    trainer = _trainer(
+        tiny_model_path,
+        tmp_path,
+        policy_loss=policy_loss,
+        max_staleness=1,
+        max_steps=1,
+        epsilon_high=5.0 if policy_loss == "cispo" else 0.28,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=3.0,
+    )
+    inputs = _stale_batch(trainer)
+    mask = inputs["completion_mask"].float()
+    mu, old = inputs["sampling_per_token_logps"], inputs["old_per_token_logps"]
+    assert float(((mu - old).abs() * mask).max()) > 1e-4, "the batch is not stale"
+    # TRL's token_truncate correction between pi_old and mu, exactly
+    want_ratio = torch.clamp(torch.exp((old - mu) * mask), max=3.0)
+    torch.testing.assert_close(inputs["importance_sampling_ratio"] * mask, want_ratio * mask)
+
+    logps = (old + 0.05 * torch.randn_like(old)).requires_grad_()
+    advantages = inputs["advantages"].unsqueeze(1)
+    per_token, _, _ = trainer._per_token_objective(inputs, logps, None, mask, None)
+    if policy_loss == "clip":
+        want = clip_loss(logps, old, advantages, mask, 0.2, 0.28) * inputs["importance_sampling_ratio"]
+    elif policy_loss == "cispo":
+        want = cispo_loss(logps, mu, advantages, mask, epsilon_high=5.0)  # against mu, no correction on top
+    else:
+        want = dppo_loss(logps, old, advantages, mask, rollout_logps=mu)
+    torch.testing.assert_close(per_token * mask, want * mask)
+    (grad,) = torch.autograd.grad((per_token * mask).sum(), logps)
+    (want_grad,) = torch.autograd.grad((want * mask).sum(), logps)
+    torch.testing.assert_close(grad, want_grad)
+
+
+@pytest.mark.parametrize("policy_loss", ["clip", "cispo", "dppo"])
+def test_staleness_zero_trains_as_the_synchronous_run(policy_loss, tiny_model_path, tmp_path):
+    runs = {}
+    for name, settings in {
+        "sync": dict(async_rollouts=False),
+        "k0": dict(async_rollouts=True, max_staleness=0),
+    }.items():
+        torch.manual_seed(0)
+        trainer = _trainer(tiny_model_path, tmp_path / name, policy_loss=policy_loss, max_steps=3, **settings)
+        trainer.train()
+        runs[name] = (logged_metric(trainer, "loss"), dict(trainer.model.named_parameters()))
+    assert logged_metric(trainer, "sampling/importance_sampling_ratio/mean") == [1.0, 1.0, 1.0]
+    torch.testing.assert_close(torch.tensor(runs["k0"][0]), torch.tensor(runs["sync"][0]), atol=1e-6, rtol=1e-5)
+    for name, param in runs["sync"][1].items():
+        torch.testing.assert_close(runs["k0"][1][name], param, atol=1e-6, rtol=1e-5)
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one(tiny_model_path, tmp_path):
+    settings = dict(max_steps=6, max_staleness=2, save_strategy="steps", save_steps=3)
+    full = _trainer(tiny_model_path, tmp_path / "full", **settings)
+    full.train()
+
+    first = _trainer(tiny_model_path, tmp_path / "cut", **settings)
+    first.add_callback(StopAt(3))
+    first.train()
+    checkpoint = tmp_path / "cut" / "checkpoint-3"
+    assert (checkpoint / BEHAVIOUR_WEIGHTS_FILE).is_file()
+    resumed = _trainer(tiny_model_path, tmp_path / "cut", **settings)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+
+    def after_step_3(trainer, name):
+        return [e[name] for e in trainer.state.log_history if name in e and e["step"] > 3]
+
+    assert after_step_3(resumed, "async/staleness") == after_step_3(full, "async/staleness") == [2, 2, 2]
+    torch.testing.assert_close(
+        torch.tensor(after_step_3(resumed, "loss")), torch.tensor(after_step_3(full, "loss")), atol=1e-5, rtol=1e-4
+    )
+    full_params = dict(full.model.named_parameters())
+    for name, param in resumed.model.named_parameters():
+        torch.testing.assert_close(param, full_params[name], atol=1e-5, rtol=1e-4)
+
+    # Without the behaviour weights (a checkpoint copied without that file) the resume says what it loses.
+    (checkpoint / BEHAVIOUR_WEIGHTS_FILE).unlink()
+    again = _trainer(tiny_model_path, tmp_path / "cut", **{**settings, "max_steps": 4})
+    with pytest.warns(UserWarning, match="no behaviour weights"):
+        again.train(resume_from_checkpoint=str(checkpoint))
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_trains_asynchronously(name, tiny_model_path, tmp_path):
+    trainer_cls, config_cls, reward = PRESETS[name]
+    args = config_cls(**cpu_args(output_dir=str(tmp_path), async_rollouts=True, max_staleness=1, max_steps=3))
+    trainer = trainer_cls(model=tiny_model_path, reward_funcs=reward, args=args, train_dataset=tr_prompts())
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert logged_metric(trainer, "async/staleness") == [0, 1, 1]
+    assert all(math.isfinite(x) for x in logged_metric(trainer, "loss"))
+    assert any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters())
+
+
+def test_scalerl_is_asynchronous_with_k_8_by_default_and_synchronous_when_turned_off(tiny_model_path, tmp_path):
+    trainer_cls, config_cls, reward = PRESETS["ScaleRL"]
+    default = trainer_cls(
+        model=tiny_model_path,
+        reward_funcs=reward,
+        args=config_cls(**cpu_args(output_dir=str(tmp_path / "a"))),
+        train_dataset=tr_prompts(),
+    )
+    assert default.behaviour is not None and default.behaviour.max_staleness == 8
+    off = trainer_cls(
+        model=tiny_model_path,
+        reward_funcs=reward,
+        args=config_cls(**cpu_args(output_dir=str(tmp_path / "b"), async_rollouts=False)),
+        train_dataset=tr_prompts(),
+    )
+    assert off.behaviour is None
+    off.train()
+    assert logged_metric(off, "async/staleness") == []
+
+
+def test_lora_snapshots_only_the_adapters(tiny_model_path, tmp_path):
+    args = tr.DAPOConfig(**cpu_args(output_dir=str(tmp_path), async_rollouts=True, max_staleness=2, max_steps=3))
+    trainer = tr.DAPOTrainer(
+        model=tiny_model_path,
+        reward_funcs=digit_fraction,
+        args=args,
+        train_dataset=tr_prompts(),
+        peft_config=lora_config(),
+    )
+    trainer.train()
+    snapshot = trainer.behaviour.state_dict()["snapshots"][0]
+    assert snapshot and all("lora" in name for name in snapshot)
+    assert logged_metric(trainer, "async/staleness") == [0, 1, 2]
+
+
+def test_dynamic_sampling_rounds_share_their_step_s_staleness(tiny_model_path, tmp_path):
+    """Extra rounds come from the same behaviour weights: a dropped group does not make the next round staler."""
+    args = tr.DAPOConfig(
+        **cpu_args(output_dir=str(tmp_path), async_rollouts=True, max_staleness=1, max_steps=3),
+        dynamic_sampling=True,
+        max_num_gen_batches=3,
+    )
+
+    def mostly_zero(completions, **kwargs):
+        return [float(i % 8 == 0) for i in range(len(completions))]  # one informative group in two
+
+    trainer = tr.DAPOTrainer(model=tiny_model_path, reward_funcs=mostly_zero, args=args, train_dataset=tr_prompts())
+    staleness_per_call = []
+    generate = trainer._generate
+
+    def recorded(prompts):
+        output = generate(prompts)
+        staleness_per_call.append((trainer.state.global_step, trainer._metrics["train"]["async/staleness"][-1]))
+        return output
+
+    trainer._generate = recorded
+    trainer.train()
+    assert len(staleness_per_call) > 3, "no extra round ran"
+    for step, staleness in staleness_per_call:
+        assert staleness == min(step, 1)

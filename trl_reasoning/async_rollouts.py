@@ -1,0 +1,155 @@
+"""Rollouts with a deterministic staleness bound (PipelineRL-k, ScaleRL §3.1): the behaviour policy's weights.
+
+With ``async_rollouts=True`` and ``max_staleness=k`` the batch of generation step ``g`` is sampled from the weights
+the policy had at generation step ``g - k`` (the first ``k`` batches from the initial weights), whatever the timing:
+the staleness of every batch is ``min(g, k)`` generation steps. That is what a pipeline with ``k`` batches in flight
+trains on, written so that a run is reproducible and resumes exactly. Three policies then meet in the loss:
+
+- ``mu``, the behaviour policy that sampled (the weights of step ``g - k``); its log-probabilities are recorded at
+  generation time (TRL's ``sampling_per_token_logps``), from the generator's own weights;
+- ``pi_old``, the trainer's weights when the batch is trained (TRL's ``old_per_token_logps``);
+- ``pi_theta``, the weights being optimised.
+
+:class:`BehaviourWeights` keeps the last ``k + 1`` snapshots of the trainable parameters (a LoRA run keeps only its
+adapters) and lends the oldest to the generator by swapping it into the model for the duration of a generation call.
+It knows nothing of trainers: ``ReasoningTrainer`` records a snapshot at each generation step and swaps it in around
+TRL's own generation (HF ``generate``, or vLLM after a weight sync, so the engine holds ``mu`` too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+BEHAVIOUR_WEIGHTS_FILE = "trl_reasoning_behaviour_weights.pt"
+
+
+def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The parameters an optimizer step changes (for a PEFT model, the adapters), by name."""
+    return {name: param for name, param in model.named_parameters() if param.requires_grad}
+
+
+class BehaviourWeights:
+    """The behaviour policy of a run with staleness bound ``max_staleness``: snapshots of the trainable weights taken
+    at the last ``max_staleness + 1`` generation steps; :meth:`swapped_in` puts the oldest in the model.
+
+    Args:
+        max_staleness: ``k``; ``0`` samples from the current weights (a synchronous run with TRL's importance-sampling
+            correction, whose ratio is then exactly 1).
+    """
+
+    def __init__(self, max_staleness: int):
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}.")
+        self.max_staleness = max_staleness
+        self._snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=max_staleness + 1)
+        self.generation_steps = 0
+
+    def record(self, params: dict[str, torch.Tensor]) -> int:
+        """Snapshot ``params`` (the weights at a new generation step) and return the staleness of that step's batch."""
+        if self.max_staleness > 0:
+            self._snapshots.append({name: tensor.detach().to("cpu", copy=True) for name, tensor in params.items()})
+        self.generation_steps += 1
+        return self.staleness
+
+    @property
+    def staleness(self) -> int:
+        """Generation steps between the weights that sample the current batch and the weights training on it."""
+        return max(len(self._snapshots) - 1, 0)
+
+    @contextlib.contextmanager
+    def swapped_in(self, params: dict[str, torch.nn.Parameter]) -> Iterator[int]:
+        """Within the block, ``params`` hold the behaviour weights (the oldest snapshot); afterwards, exactly what
+        they held before. Yields the staleness."""
+        staleness = self.staleness
+        if staleness == 0:
+            yield 0
+            return
+        behaviour = self._snapshots[0]
+        missing = sorted(set(params) - set(behaviour))
+        if missing:
+            raise RuntimeError(
+                f"The behaviour policy's snapshot lacks parameters {missing[:5]}: the set of trainable parameters "
+                "changed during training, which asynchronous rollouts do not support."
+            )
+        current = {name: param.detach().clone() for name, param in params.items()}
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(behaviour[name].to(param.device, param.dtype))
+        try:
+            yield staleness
+        finally:
+            with torch.no_grad():
+                for name, param in params.items():
+                    param.copy_(current[name])
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "max_staleness": self.max_staleness,
+            "generation_steps": self.generation_steps,
+            "snapshots": list(self._snapshots),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("max_staleness") != self.max_staleness:
+            raise ValueError(
+                f"The checkpoint's behaviour policy was saved with max_staleness={state.get('max_staleness')}, this "
+                f"run has max_staleness={self.max_staleness}: set it back to resume."
+            )
+        self._snapshots.clear()
+        self._snapshots.extend(state["snapshots"])
+        self.generation_steps = int(state["generation_steps"])
+
+    def save(self, folder: str | os.PathLike) -> None:
+        """Write the snapshots into ``folder`` atomically (a temporary file, then ``os.replace``)."""
+        path = os.path.join(folder, BEHAVIOUR_WEIGHTS_FILE)
+        os.makedirs(folder, exist_ok=True)
+        temporary = f"{path}.tmp-{os.getpid()}"
+        torch.save(self.state_dict(), temporary)
+        os.replace(temporary, path)
+
+    def load(self, folder: str | os.PathLike) -> bool:
+        """Read the snapshots from ``folder``; ``False`` when the file is absent. A damaged file is an error naming it."""
+        path = os.path.join(folder, BEHAVIOUR_WEIGHTS_FILE)
+        if not os.path.exists(path):
+            return False
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            self.load_state_dict(state)
+        except (RuntimeError, EOFError, KeyError, TypeError, OSError) as error:
+            raise RuntimeError(
+                f"{path} cannot be read ({type(error).__name__}: {error}). Resume from an earlier checkpoint, or delete "
+                "the file to restart the pipeline from the checkpoint's weights (the next batches are then less stale "
+                "than in the uninterrupted run)."
+            ) from error
+        return True
+
+
+def importance_weight_share_changed(
+    ratio: torch.Tensor, mask: torch.Tensor, mode: str, clip_min: float | None, clip_max: float | None
+) -> float:
+    """The share of completion tokens (or sequences, for TRL's ``sequence_*`` modes) whose importance-sampling weight
+    TRL's correction changed: masked to 0 (``*_mask``) or truncated at ``clip_max`` (``*_truncate``)."""
+    if mode.startswith("sequence"):
+        weights = ratio.reshape(ratio.size(0), -1)[:, 0]
+        counted = mask.sum(dim=1) > 0
+    else:
+        weights, counted = ratio, mask.bool()
+    weights = weights[counted]
+    if weights.numel() == 0:
+        return 0.0
+    if mode.endswith("mask"):
+        changed = weights == 0
+    else:
+        changed = torch.zeros_like(weights, dtype=torch.bool)
+        if clip_max is not None:
+            changed = changed | (weights >= clip_max)
+        if clip_min is not None:
+            changed = changed | (weights <= clip_min)
+    return changed.float().mean().item()
