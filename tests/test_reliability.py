@@ -633,6 +633,10 @@ def _preset_run(name, model_path, output_dir, stop_at=None, resume=None):
         dataset=make_prompts(4),
         max_steps=6,
         max_completion_length=8,
+        # ScaleRL synchronous here: with its default k = 8 every batch of this 6-step run is sampled by the initial
+        # weights, which never reach the pass rate that retires a prompt (the asynchronous resume with retirement is
+        # tests/journeys/test_two_processes.py's).
+        **({"async_rollouts": False} if name == "ScaleRL" else {}),
     )
     if stop_at is not None:
         trainer.add_callback(StopAt(stop_at))

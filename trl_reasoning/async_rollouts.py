@@ -21,10 +21,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
+
+from .generator_process import GenerationJob, GeneratorError, GeneratorProcess
 
 BEHAVIOUR_WEIGHTS_FILE = "trl_reasoning_behaviour_weights.pt"
 
@@ -87,6 +90,18 @@ class BehaviourWeights:
             with torch.no_grad():
                 for name, param in params.items():
                     param.copy_(current[name])
+
+    def weights_for(self, step: int) -> dict[str, torch.Tensor]:
+        """The behaviour weights of generation step ``step``: the snapshot of step ``max(step - k, 0)``, which must
+        still be kept (``step`` at most ``k`` steps ahead of the newest snapshot, and not behind it)."""
+        source = max(step - self.max_staleness, 0)
+        first = self.generation_steps - len(self._snapshots)
+        if not first <= source < self.generation_steps:
+            raise LookupError(
+                f"the behaviour weights of generation step {step} (the snapshot of step {source}) are not kept: "
+                f"snapshots {first}..{self.generation_steps - 1} are"
+            )
+        return self._snapshots[source - first]
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -153,3 +168,122 @@ def importance_weight_share_changed(
         if clip_min is not None:
             changed = changed | (weights <= clip_min)
     return changed.float().mean().item()
+
+
+def job_seed(base_seed: int, step: int, round_index: int, process_index: int) -> int:
+    """The sampling seed of one generation call: the same for the in-process and the worker generator."""
+    return (base_seed * 1_000_003 + step * 10_007 + round_index * 101 + process_index) % (2**31 - 1)
+
+
+@contextlib.contextmanager
+def seeded_sampling(seed: int) -> Iterator[None]:
+    """Sample with ``seed`` without touching the process's global RNG stream (the trainer's dropout, shuffles)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+class ReadAhead:
+    """The dataloader batches of the next ``depth`` optimizer steps, read before they are trained on, so that their
+    generation can start early. Within an epoch only (the Trainer builds a new iterator per epoch): at the start of
+    an epoch the pipeline refills, as at the start of training. Each optimizer step is one generation step here (the
+    process generator requires ``steps_per_generation * num_iterations == gradient_accumulation_steps``), and the
+    first batch of a step is its generation batch."""
+
+    def __init__(self, depth: int):
+        self.depth = depth
+        self._iterator = None
+        self._buffer: deque = deque()
+        self.next_step: int | None = None  # the generation step of the next batches handed out
+
+    def take(self, epoch_iterator, num_batches: int, first_step: int) -> list:
+        if self.next_step is None:
+            self.next_step = first_step
+        if epoch_iterator is not self._iterator:
+            self._iterator, self._buffer = epoch_iterator, deque()
+        while len(self._buffer) < num_batches * (1 + self.depth):
+            try:
+                self._buffer.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        taken = [self._buffer.popleft() for _ in range(min(num_batches, len(self._buffer)))]
+        self.num_batches = num_batches
+        self.next_step += 1
+        return taken
+
+    def future(self) -> dict[int, list]:
+        """``{generation step: its generation batch}`` for the steps read ahead."""
+        if self.next_step is None or not self._buffer:
+            return {}
+        per_step = self.num_batches
+        return {self.next_step + i // per_step: self._buffer[i] for i in range(0, len(self._buffer), per_step)}
+
+
+class ProcessPipeline(TrainerCallback):
+    """Asynchronous rollouts with the generator in its own process (``async_generator="process"``): the batches of
+    the next ``k`` generation steps are read ahead (:class:`ReadAhead`) and submitted to the worker with their
+    behaviour weights as soon as those exist, so the worker samples them while the trainer trains; the trainer then
+    collects each batch at its step. The worker is started at the first submission and stopped at the end of
+    training (this object is also the callback that stops it)."""
+
+    def __init__(
+        self,
+        behaviour: BehaviourWeights,
+        start_generator: Callable[[], GeneratorProcess],
+        tokenize: Callable[[list], list[list[int]]],
+        seed_of: Callable[[int], int],
+    ):
+        self.behaviour = behaviour
+        self.read_ahead = ReadAhead(behaviour.max_staleness)
+        self._start_generator = start_generator
+        self._tokenize = tokenize
+        self._seed_of = seed_of
+        self._generator: GeneratorProcess | None = None
+        self._jobs: dict[int, tuple[list, list[list[int]]]] = {}
+
+    @property
+    def generator(self) -> GeneratorProcess:
+        """The worker, started at first use (a worker that died is reported by the next wait, never replaced)."""
+        if self._generator is None:
+            self._generator = self._start_generator()
+            self._jobs.clear()
+        return self._generator
+
+    def submit(self, step: int, prompts: list) -> None:
+        """Send the batch of generation ``step`` (its ``prompts``, this process's rows) to the worker, once."""
+        if step in self._jobs:
+            return
+        generator = self.generator
+        prompt_ids = self._tokenize(prompts)
+        self._jobs[step] = (prompts, prompt_ids)
+        generator.submit(GenerationJob(step, prompt_ids, self.behaviour.weights_for(step), self._seed_of(step)))
+
+    def submit_ahead(self) -> None:
+        """At a new generation step: submit every batch read ahead whose behaviour weights now exist."""
+        newest = self.behaviour.generation_steps - 1
+        for step, rows in self.read_ahead.future().items():
+            if step <= newest + self.behaviour.max_staleness:
+                self.submit(step, [row["prompt"] for row in rows])
+
+    def collect(self, step: int, prompts: list) -> dict[str, list]:
+        """The batch of generation ``step`` as TRL's ``rollout_func`` returns one (waiting for the worker)."""
+        self.submit(step, prompts)
+        job_prompts, prompt_ids = self._jobs.pop(step)
+        if job_prompts != prompts:
+            raise GeneratorError(
+                f"The batch the generator process sampled for generation step {step} was read ahead with other prompts "
+                "than the step trains on: the read-ahead lost its place in the dataloader. Please report this; "
+                "async_generator='inline' avoids it."
+            )
+        completions, logps = self.generator.result(step)
+        return {"prompt_ids": prompt_ids, "completion_ids": completions, "logprobs": logps}
+
+    def close(self) -> None:
+        if self._generator is not None:
+            self._generator.close()
+            self._generator = None
+        self._jobs.clear()
+        self.read_ahead = ReadAhead(self.behaviour.max_staleness)  # a later train() reads from its own position
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.close()

@@ -175,6 +175,16 @@ class ReasoningConfig(GRPOConfig):
         max_staleness (`int`, *optional*, defaults to `1`):
             `k`, the staleness bound in generation steps (optimizer steps when `steps_per_generation` equals
             `gradient_accumulation_steps`, TRL's default). `0` samples from the current weights.
+        async_generator (`str`, *optional*, defaults to `"inline"`):
+            Where asynchronous batches are sampled. `"inline"`: in the training process, when the batch is needed
+            (the same lag, no overlap in time). `"process"`: in a worker process with its own copy of the model
+            (HF `generate`), which samples the next `k` batches while the trainer trains; each call is seeded, so
+            both generators give the same batches. `"process"` needs `max_staleness >= 1`, one generation per
+            optimizer step (`steps_per_generation * num_iterations == gradient_accumulation_steps`, TRL's default),
+            no vLLM (vLLM is its own engine), no tools, a text model and no bitsandbytes quantization.
+        async_timeout (`float`, *optional*, defaults to `600.0`):
+            `"process"`: seconds the trainer waits for a batch before a `GeneratorError`; a worker that dies is
+            reported within a second.
 
         > Parameters of fault handling
 
@@ -322,6 +332,17 @@ class ReasoningConfig(GRPOConfig):
     max_staleness: int = field(
         default=1,
         metadata={"help": "Asynchronous rollouts: the staleness bound k in generation steps (0 = current weights)."},
+    )
+    async_generator: str = field(
+        default="inline",
+        metadata={
+            "help": "Asynchronous rollouts: 'inline' (in the training process) or 'process' (a worker process that "
+            "samples the next max_staleness batches while the trainer trains)."
+        },
+    )
+    async_timeout: float = field(
+        default=600.0,
+        metadata={"help": "Asynchronous rollouts with async_generator='process': seconds to wait for a batch."},
     )
     on_reward_error: str = field(
         default="raise",
@@ -537,6 +558,15 @@ class ReasoningConfig(GRPOConfig):
         self._validate_reward_clip_range()
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}.")
+        if self.async_generator not in ("inline", "process"):
+            raise ValueError(f"async_generator must be 'inline' or 'process', got {self.async_generator!r}.")
+        if not self.async_timeout > 0:
+            raise ValueError(f"async_timeout must be > 0 seconds, got {self.async_timeout}.")
+        if self.async_generator == "process" and self.async_rollouts is not False and self.max_staleness < 1:
+            raise ValueError(
+                "async_generator='process' samples ahead of the trainer, which max_staleness=0 forbids: set "
+                "max_staleness >= 1, or async_generator='inline'."
+            )
         if self.task_pass_threshold is not None and not math.isfinite(self.task_pass_threshold):
             raise ValueError(f"task_pass_threshold must be a finite number or None, got {self.task_pass_threshold}.")
         if self.reward_timeout is not None and not self.reward_timeout > 0:

@@ -40,10 +40,18 @@ from trl.trainer.utils import add_fused_lm_head, pad
 
 from ._warnings import user_stacklevel
 from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
-from .async_rollouts import BehaviourWeights, importance_weight_share_changed, trainable_parameters
+from .async_rollouts import (
+    BehaviourWeights,
+    ProcessPipeline,
+    importance_weight_share_changed,
+    job_seed,
+    seeded_sampling,
+    trainable_parameters,
+)
 from .batch import TrainBatch
 from .checkpoints import SAMPLING_STATE_FILE, last_complete_checkpoint, read_sampling_state, write_json_atomically
 from .config import ReasoningConfig
+from .generator_process import GeneratorProcess, SamplingSettings
 from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
 from .lm_head import cast_lm_head_to_fp32, unwrap_peft
 from .losses import POLICY_LOSSES, compute_policy_loss
@@ -285,6 +293,53 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         # (use_vllm reads True while TRL scores an asynchronous batch, see _sampler_correction).
         self._generates_with_vllm = self.use_vllm
         self.behaviour = BehaviourWeights(self.args.max_staleness) if self._async_rollouts_on() else None
+        self._generation_round = 0  # generation calls so far in this generation step (dynamic sampling: several)
+        self.pipeline = None
+        if self.behaviour is not None and self.args.async_generator == "process":
+            self.pipeline = self._process_pipeline()
+            self.add_callback(self.pipeline)
+
+    def _process_pipeline(self) -> ProcessPipeline:
+        """``async_generator="process"``: the worker pipeline, after checking the run fits it."""
+        args = self.args
+        problems = [
+            (self.use_vllm, "use_vllm=True (vLLM is its own engine: use async_generator='inline')"),
+            (bool(self.tools) or self.environment_factories is not None, "tools or environments"),
+            (self._is_vlm, "a vision-language model"),
+            (
+                args.steps_per_generation * self.num_iterations != args.gradient_accumulation_steps,
+                "more or less than one generation per optimizer step (steps_per_generation * num_iterations must "
+                "equal gradient_accumulation_steps)",
+            ),
+            (
+                getattr(self.model, "is_loaded_in_4bit", False) or getattr(self.model, "is_loaded_in_8bit", False),
+                "a bitsandbytes-quantized model",
+            ),
+        ]
+        found = [what for bad, what in problems if bad]
+        if found:
+            raise ValueError(f"async_generator='process' does not support {'; '.join(found)}.")
+        settings = SamplingSettings(
+            generation_config=self.generation_config,
+            pad_token_id=self._tokenizer.pad_token_id,
+            eos_token_ids=list(self.eos_token_ids),
+            temperature=self.temperature,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            batch_size=args.per_device_train_batch_size,
+        )
+        return ProcessPipeline(
+            self.behaviour,
+            start_generator=lambda: GeneratorProcess(self.model, settings, args.async_timeout),
+            tokenize=lambda prompts: self._tokenize_prompts(prompts)[0],
+            seed_of=lambda step: job_seed(args.seed, step, 0, self.accelerator.process_index),
+        )
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """The Trainer's, reading the next ``max_staleness`` steps' batches ahead for the generator process."""
+        if self.pipeline is None:
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        batches = self.pipeline.read_ahead.take(epoch_iterator, num_batches, self.behaviour.generation_steps)
+        return super().get_batch_samples(iter(batches), len(batches), device)
 
     def _async_rollouts_on(self) -> bool:
         """``async_rollouts``: ``True`` (an error where the run cannot), ``None`` (on where it can, else a warning)."""
@@ -429,6 +484,9 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         """Where a batch comes from is ``self.rollout`` (``trl_reasoning.rollout``): rounds, shaping, selection."""
         if self.behaviour is not None and self.model.training:
             self.behaviour.record(trainable_parameters(self.model))  # the weights at this generation step
+            self._generation_round = 0
+            if self.pipeline is not None:
+                self.pipeline.submit_ahead()
         return self.rollout.generation_batch(inputs, "train" if self.model.training else "eval")
 
     def trl_round(self, inputs) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -479,26 +537,53 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         are recorded: vLLM returns them, ``generate`` does not, so they are computed with the same weights."""
         if self.behaviour is None or not self.model.training:
             return super()._generate(prompts)
+        step, round_index = self.behaviour.generation_steps - 1, self._generation_round
+        self._generation_round += 1
+        seed = job_seed(self.args.seed, step, round_index, self.accelerator.process_index)
+        staleness = self.behaviour.staleness
         sampling_backend = self.use_vllm
         self.use_vllm = self._generates_with_vllm
         try:
-            with self.behaviour.swapped_in(trainable_parameters(self.model)) as staleness:
-                if self.use_vllm:
-                    self._last_loaded_step = -1  # sync the engine with the behaviour weights
-                generated = super()._generate(prompts)
-                if not isinstance(generated, tuple) or len(generated) != 8:
-                    raise TRLCompatibilityError(
-                        "GRPOTrainer._generate no longer returns (prompt_ids, completion_ids, tool_mask, completions, "
-                        f"logprobs, extra_fields, images, tool_images) (checked against TRL {TRL_CHECKED_VERSION})."
-                    )
-                if generated[4] is None:
-                    generated = (*generated[:4], self._sampled_token_logps(generated[0], generated[1]), *generated[5:])
+            if self.pipeline is not None and round_index == 0:
+                generated = self._generate_with(self.pipeline.collect(step, prompts), prompts)
+            else:
+                with self.behaviour.swapped_in(trainable_parameters(self.model)), self._sampling_seed(seed):
+                    if self.use_vllm:
+                        self._last_loaded_step = -1  # sync the engine with the behaviour weights
+                    generated = self._checked_generation(super()._generate(prompts))
+                    if generated[4] is None:
+                        logps = self._sampled_token_logps(generated[0], generated[1])
+                        generated = (*generated[:4], logps, *generated[5:])
         finally:
             self.use_vllm = sampling_backend
             if self._generates_with_vllm:
                 self._last_loaded_step = -1  # the engine holds the behaviour weights: sync before it samples again
         self._metrics["train"]["async/staleness"].append(float(staleness))
         return generated
+
+    @staticmethod
+    def _checked_generation(generated):
+        if not isinstance(generated, tuple) or len(generated) != 8:
+            raise TRLCompatibilityError(
+                "GRPOTrainer._generate no longer returns (prompt_ids, completion_ids, tool_mask, completions, "
+                f"logprobs, extra_fields, images, tool_images) (checked against TRL {TRL_CHECKED_VERSION})."
+            )
+        return generated
+
+    def _sampling_seed(self, seed: int):
+        """With a lag, every generation call samples with its own seed (so the worker and the in-process generator
+        draw the same batch); ``max_staleness=0`` keeps the global RNG stream, exactly as a synchronous run."""
+        return seeded_sampling(seed) if self.behaviour.max_staleness > 0 else contextlib.nullcontext()
+
+    def _generate_with(self, rollout: dict[str, list], prompts):
+        """TRL's ``_generate`` on a batch the worker sampled, through TRL's own ``rollout_func`` path (decoding,
+        completion metrics)."""
+        own_rollout_func = self.rollout_func
+        self.rollout_func = lambda _prompts, _trainer: rollout
+        try:
+            return self._checked_generation(super()._generate(prompts))
+        finally:
+            self.rollout_func = own_rollout_func
 
     def rollout_topk(self, output, mode: str) -> dict[str, torch.Tensor]:
         """DPPO top-K: the sampler's top-K ids and log-probs (``TopKForwardMixin._rollout_topk``), from the behaviour

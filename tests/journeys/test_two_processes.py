@@ -88,9 +88,10 @@ def test_two_processes_train_past_checkpoints_and_resume(preset, runs):
         assert state["prompt_stream"] is not None
     else:
         # Every "fixed" prompt scores 1 on every completion: all 3 are retired in epoch 0 (steps 1-3), so the
-        # uninterrupted run's epoch 1 (steps 4-5) trains on "open" prompts only.
-        assert train[0]["retired_prompts"][2] == 3, train[0]["retired_prompts"]
-        assert len(state["retired_prompts"]["epoch_of"]) == 3
+        # uninterrupted run's epoch 1 (steps 4-5) trains on "open" prompts only. (An "open" group of 4 can pass by
+        # chance, 1/81 a group: with the sampling seeds of this asynchronous run one does, and is retired too.)
+        assert train[0]["retired_prompts"][2] >= 3, train[0]["retired_prompts"]
+        assert len(state["retired_prompts"]["epoch_of"]) == train[0]["retired_prompts"][2]
         epoch_one = [call for r in train for call in r["reward_calls"][3:]]
         assert len(epoch_one) == 4 and not any(text.startswith("fixed") for call in epoch_one for text in call)
         assert resume[0]["sampling_state"]["retired_prompts"] == state["retired_prompts"]  # restored, then kept

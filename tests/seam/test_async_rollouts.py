@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -323,3 +324,159 @@ def test_dynamic_sampling_rounds_share_their_step_s_staleness(tiny_model_path, t
     assert len(staleness_per_call) > 3, "no extra round ran"
     for step, staleness in staleness_per_call:
         assert staleness == min(step, 1)
+
+
+# ------------------------------------------------------------------------------------------ the generator process
+
+
+def _sampled_batches(trainer) -> list:
+    """Wraps the trainer's ``_generate``: the completion ids of every training generation call, in order."""
+    calls = []
+    generate = trainer._generate
+
+    def recorded(prompts):
+        output = generate(prompts)
+        if trainer.model.training:
+            calls.append((trainer.state.global_step, output[1], output[4]))
+        return output
+
+    trainer._generate = recorded
+    return calls
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(policy_loss="clip"),
+        dict(policy_loss="cispo", epsilon_high=5.0),
+        dict(policy_loss="dppo"),
+        dict(policy_loss="clip", dynamic_sampling=True, max_num_gen_batches=3),
+    ],
+    ids=["clip", "cispo", "dppo", "dynamic-sampling"],
+)
+def test_the_generator_process_samples_the_batches_of_the_inline_one(settings, tiny_model_path, tmp_path):
+    """The worker samples ahead of the trainer with the same behaviour weights and seeds as the in-process
+    generator: the same completions, the same sampler log-probs (to float tolerance: another forward), the same
+    training (losses, parameters)."""
+    runs = {}
+    for generator in ("inline", "process"):
+        trainer = _trainer(
+            tiny_model_path, tmp_path / generator, max_staleness=2, async_generator=generator, **settings
+        )
+        calls = _sampled_batches(trainer)
+        trainer.train()
+        if generator == "process":
+            assert trainer.pipeline._generator is None, "the worker outlived train()"
+        runs[generator] = (calls, logged_metric(trainer, "loss"), dict(trainer.model.named_parameters()))
+    (inline_calls, inline_losses, inline_params), (calls, losses, params) = runs["inline"], runs["process"]
+    assert [(step, ids) for step, ids, _ in calls] == [(step, ids) for step, ids, _ in inline_calls]
+    for (_, _, logps), (_, _, inline_logps) in zip(calls, inline_calls, strict=True):
+        for row, inline_row in zip(logps, inline_logps, strict=True):
+            torch.testing.assert_close(torch.tensor(row), torch.tensor(inline_row), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(inline_losses), atol=1e-3, rtol=1e-3)
+    for name, param in inline_params.items():
+        torch.testing.assert_close(params[name], param, atol=2e-3, rtol=1e-3)
+
+
+def test_the_generator_process_resumes_as_the_uninterrupted_run(tiny_model_path, tmp_path):
+    settings = dict(max_steps=5, max_staleness=2, async_generator="process", save_strategy="steps", save_steps=3)
+    full = _trainer(tiny_model_path, tmp_path / "full", **settings)
+    full_calls = _sampled_batches(full)
+    full.train()
+    first = _trainer(tiny_model_path, tmp_path / "cut", **settings)
+    first.add_callback(StopAt(3))
+    first.train()
+    resumed = _trainer(tiny_model_path, tmp_path / "cut", **settings)
+    resumed_calls = _sampled_batches(resumed)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-3"))
+    assert [ids for _, ids, _ in resumed_calls] == [ids for _, ids, _ in full_calls[3:]]
+    full_params = dict(full.model.named_parameters())
+    for name, param in resumed.model.named_parameters():
+        torch.testing.assert_close(param, full_params[name], atol=1e-5, rtol=1e-4)
+
+
+def test_the_generator_process_ships_only_the_adapters_of_a_lora_run(tiny_model_path, tmp_path):
+    args = tr.DAPOConfig(
+        **cpu_args(output_dir=str(tmp_path), async_rollouts=True, max_staleness=1, max_steps=3),
+        async_generator="process",
+    )
+    trainer = tr.DAPOTrainer(
+        model=tiny_model_path,
+        reward_funcs=digit_fraction,
+        args=args,
+        train_dataset=tr_prompts(),
+        peft_config=lora_config(),
+    )
+    submitted = []
+    submit = trainer.pipeline.submit
+
+    def recorded(step, prompts):
+        if step not in trainer.pipeline._jobs:
+            submitted.append(sorted(trainer.behaviour.weights_for(step)))
+        submit(step, prompts)
+
+    trainer.pipeline.submit = recorded
+    trainer.train()
+    assert submitted and all(names and all("lora" in n for n in names) for names in submitted)
+    assert logged_metric(trainer, "async/staleness") == [0, 1, 1]
+    assert all(math.isfinite(x) for x in logged_metric(trainer, "loss"))
+
+
+def _stop_worker_at(trainer, step: int, how: str):
+    class Stop(StopAt):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == self.step:
+                process = trainer.pipeline.generator._process
+                os.kill(process.pid, {"kill": 9, "hang": 19}[how])  # SIGKILL, SIGSTOP
+
+    trainer.add_callback(Stop(step))
+
+
+@pytest.mark.parametrize("how", ["kill", "hang"])
+def test_a_worker_that_dies_or_hangs_is_a_clear_error(how, tiny_model_path, tmp_path):
+    from trl_reasoning.generator_process import GeneratorError
+
+    trainer = _trainer(
+        tiny_model_path, tmp_path, max_steps=6, max_staleness=1, async_generator="process", async_timeout=5.0
+    )
+    _stop_worker_at(trainer, 1, how)
+    match = "died" if how == "kill" else r"generation step \d+ within 5 s \(async_timeout=5\)"
+    try:
+        with pytest.raises(GeneratorError, match=match):
+            trainer.train()
+    finally:
+        trainer.pipeline.close()
+
+
+def test_the_generator_process_refuses_what_it_cannot_sample(tiny_model_path, tmp_path):
+    with pytest.raises(ValueError, match="async_generator='process'.*max_staleness >= 1"):
+        tr.ReasoningConfig(**cpu_args(), async_rollouts=True, max_staleness=0, async_generator="process")
+    with pytest.raises(ValueError, match="async_generator"):
+        tr.ReasoningConfig(**cpu_args(), async_generator="thread")
+    with pytest.raises(
+        ValueError, match="async_generator='process' does not support more or less than one generation"
+    ):
+        _trainer(tiny_model_path, tmp_path, async_generator="process", steps_per_generation=2)
+
+
+def test_a_script_without_a_main_guard_trains_once(tiny_model_path, tmp_path):
+    """The worker is a spawned process, which re-runs an unguarded main script unless told not to."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+        "from conftest import cpu_args, digit_fraction, make_prompts\n"
+        "import trl_reasoning as tr\n"
+        "print('TRAINING STARTS')\n"
+        f"args = tr.ReasoningConfig(**cpu_args(output_dir={str(tmp_path / 'out')!r}, async_rollouts=True,"
+        " max_staleness=1, async_generator='process', max_steps=2))\n"
+        f"tr.ReasoningTrainer(model={tiny_model_path!r}, reward_funcs=digit_fraction, args=args,"
+        " train_dataset=make_prompts()).train()\n"
+        "print('TRAINING ENDS')\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("TRAINING STARTS") == 1 and result.stdout.count("TRAINING ENDS") == 1
