@@ -149,3 +149,15 @@ def test_gpu_bench_smoke_and_its_cuda_requirement():
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a CUDA device; --smoke runs the same code on a CPU"):
             gpu.main([])
+
+
+def test_async_rollouts_bench_worker_runs_both_generators():
+    bench = _load("async_rollouts")
+    for arm in ("sync-1t", "process-k1"):
+        run = bench.worker("tiny", arm, seed=0, steps=2, warmup=1)
+        assert run["arm"] == arm and run["tokens_per_second"] > 0 and math.isfinite(run["reward_last5"])
+    assert run["generation_seconds"] is not None and run["wait_seconds"] is not None
+    assert bench.arm_settings("process-k8") == (
+        1,
+        {"async_rollouts": True, "max_staleness": 8, "async_generator": "process"},
+    )

@@ -240,6 +240,7 @@ class ProcessPipeline(TrainerCallback):
         self._seed_of = seed_of
         self._generator: GeneratorProcess | None = None
         self._jobs: dict[int, tuple[list, list[list[int]]]] = {}
+        self.last_generation_seconds = self.last_wait_seconds = 0.0  # the worker's time on a batch; the wait for it
 
     @property
     def generator(self) -> GeneratorProcess:
@@ -275,7 +276,7 @@ class ProcessPipeline(TrainerCallback):
                 "than the step trains on: the read-ahead lost its place in the dataloader. Please report this; "
                 "async_generator='inline' avoids it."
             )
-        completions, logps = self.generator.result(step)
+        completions, logps, self.last_generation_seconds, self.last_wait_seconds = self.generator.result(step)
         return {"prompt_ids": prompt_ids, "completion_ids": completions, "logprobs": logps}
 
     def close(self) -> None:

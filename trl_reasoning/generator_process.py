@@ -147,7 +147,7 @@ def _worker(recipe: dict[str, Any], settings: SamplingSettings, jobs, results) -
     except BaseException:
         results.put((-1, None, None, traceback.format_exc()))
         return
-    results.put((-1, None, None, None))  # ready
+    results.put((-1, None, None, 0.0))  # ready
     while True:
         job = jobs.get()
         if job is None:
@@ -156,12 +156,13 @@ def _worker(recipe: dict[str, Any], settings: SamplingSettings, jobs, results) -
             with torch.no_grad():
                 for name, tensor in job.weights.items():
                     params[name].copy_(tensor)
+            started = time.perf_counter()
             torch.manual_seed(job.seed)
             completions = sample(model, job.prompt_ids, settings)
             logps = sampled_token_logps(model, job.prompt_ids, completions, settings)
-            results.put((job.step, completions, logps, None))
+            results.put((job.step, completions, logps, time.perf_counter() - started))
         except BaseException:
-            results.put((job.step, None, None, traceback.format_exc()))
+            results.put((job.step, None, None, traceback.format_exc()))  # a string: the error
 
 
 @contextlib.contextmanager
@@ -205,10 +206,12 @@ class GeneratorProcess:
         self._jobs.put(dataclasses.replace(job, weights=weights))
         self.submitted.add(job.step)
 
-    def result(self, step: int) -> tuple[list[list[int]], list[list[float]]]:
-        completions, logps = self._wait_for(step)
+    def result(self, step: int) -> tuple[list[list[int]], list[list[float]], float, float]:
+        """``(completions, log-probs, seconds the worker spent on it, seconds this call waited for it)``."""
+        started = time.perf_counter()
+        completions, logps, seconds = self._wait_for(step)
         self.submitted.discard(step)
-        return completions, logps
+        return completions, logps, seconds, time.perf_counter() - started
 
     def _wait_for(self, step: int, timeout: float | None = None):
         timeout = self.timeout if timeout is None else timeout
@@ -231,10 +234,10 @@ class GeneratorProcess:
             except queue.Empty:
                 continue
             self._done[answer[0]] = answer
-        _, completions, logps, error = self._done.pop(step)
-        if error is not None:
-            raise GeneratorError(f"The generator process failed on generation step {step}:\n{error}")
-        return completions, logps
+        _, completions, logps, seconds = self._done.pop(step)
+        if isinstance(seconds, str):
+            raise GeneratorError(f"The generator process failed on generation step {step}:\n{seconds}")
+        return completions, logps, seconds
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

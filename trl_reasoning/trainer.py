@@ -546,6 +546,9 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         try:
             if self.pipeline is not None and round_index == 0:
                 generated = self._generate_with(self.pipeline.collect(step, prompts), prompts)
+                # how much of the worker's generation the trainer still waited for (0: fully overlapped)
+                self._metrics["train"]["async/generation_seconds"].append(self.pipeline.last_generation_seconds)
+                self._metrics["train"]["async/wait_seconds"].append(self.pipeline.last_wait_seconds)
             else:
                 with self.behaviour.swapped_in(trainable_parameters(self.model)), self._sampling_seed(seed):
                     if self.use_vllm:

@@ -1,0 +1,229 @@
+"""Throughput of asynchronous rollouts against the synchronous run, same preset, in one run of this script.
+
+    python bench/async_rollouts.py --model real --steps 10 --seeds 0 1 2   # SmolLM2-135M-Instruct, LoRA
+    python bench/async_rollouts.py --model tiny --steps 30 --seeds 0 1 2   # the tiny Qwen2 of the tests
+
+Arms (each a fresh process per seed, interleaved so that the machine's load hits every arm alike):
+
+- ``sync-1t`` / ``sync-2t``: the synchronous run with one / two torch threads;
+- ``process-k{K}``: ``async_rollouts=True, max_staleness=K, async_generator="process"``: the trainer (one thread) and
+  the generator process (one thread) each on a core;
+- ``inline-k{K}``: the same lag sampled in the training process (no overlap): what the lag alone costs.
+
+For each arm: seconds per optimizer step (after ``--warmup`` steps, the worker's start excluded), trained completion
+tokens per second, the ratio of throughputs to ``sync-1t`` paired by seed (mean of log ratios, 95% t interval), the
+training reward of the last 5 steps, and for the process generator the share of its generation time the trainer
+still waited for (0: fully overlapped). Recorded in ``bench/RESULTS.md``; the runs in ``bench/async_runs.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import t_interval  # noqa: E402
+from _results import record  # noqa: E402
+
+RUNS = Path(__file__).with_name("async_runs.json")
+
+
+def arm_settings(arm: str) -> tuple[int, dict]:
+    """``(torch threads of the trainer, config overrides)`` of an arm."""
+    if arm.startswith("sync-"):
+        return int(arm.removeprefix("sync-").removesuffix("t")), {"async_rollouts": False}
+    generator, k = arm.split("-k")
+    return 1, {"async_rollouts": True, "max_staleness": int(k), "async_generator": generator}
+
+
+def worker(model: str, arm: str, seed: int, steps: int, warmup: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    import trl_reasoning as tr
+    from trl_reasoning.demo.tiny import cpu_config_kwargs
+
+    threads, overrides = arm_settings(arm)
+    torch.set_num_threads(threads)
+    output_dir = tempfile.mkdtemp()
+    if model == "real":
+        from peft import LoraConfig
+        from transformers import AutoTokenizer
+
+        from trl_reasoning.demo.arithmetic import ArithmeticTask, last_number_reward
+        from trl_reasoning.demo.run import REAL_MODEL_TRAINING
+        from trl_reasoning.pretrained import smollm2_path
+
+        path = str(smollm2_path())
+        settings = {**cpu_config_kwargs(), **REAL_MODEL_TRAINING}
+        settings.update(dynamic_sampling=False)  # one generation round a step: the pipeline's own effect
+        extra = dict(
+            reward_funcs=last_number_reward,
+            train_dataset=Dataset.from_list(ArithmeticTask().rl_rows("train")),
+            processing_class=AutoTokenizer.from_pretrained(path),
+            peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
+        )
+    else:
+        from trl_reasoning.demo.task import digit_reward
+        from trl_reasoning.demo.tiny import save_tiny_model
+
+        path = str(save_tiny_model(Path(output_dir) / "tiny", seed=0))
+        settings = {
+            **cpu_config_kwargs(),
+            "per_device_train_batch_size": 16,
+            "num_generations": 8,
+            "max_completion_length": 32,
+            "learning_rate": 1e-3,
+            "dynamic_sampling": False,
+        }
+        prompts = [{"prompt": [{"role": "user", "content": f"{i}+{i * 7 % 10}="}]} for i in range(64)]
+        extra = dict(reward_funcs=digit_reward, train_dataset=Dataset.from_list(prompts))
+    settings.update(output_dir=output_dir, max_steps=warmup + steps, seed=seed, logging_steps=1, report_to="none")
+    settings.update(overrides)
+    args = tr.DAPOConfig(**settings)
+    trainer = tr.DAPOTrainer(model=path, args=args, **extra)
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.ends: list[float] = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.ends.append(time.perf_counter())
+
+    clock = Clock()
+    trainer.add_callback(clock)
+    trainer.train()
+    history = [entry for entry in trainer.state.log_history if "loss" in entry]
+    measured = history[warmup:]
+    rows = args.per_device_train_batch_size
+    tokens = sum(entry["completions/mean_length"] * rows for entry in measured)
+    seconds = clock.ends[-1] - clock.ends[warmup - 1]
+    generation = [entry["async/generation_seconds"] for entry in measured if "async/generation_seconds" in entry]
+    wait = [entry["async/wait_seconds"] for entry in measured if "async/wait_seconds" in entry]
+    return {
+        "model": model,
+        "arm": arm,
+        "seed": seed,
+        "steps": steps,
+        "seconds_per_step": seconds / steps,
+        "tokens_per_second": tokens / seconds,
+        "reward_last5": statistics.fmean(entry["reward"] for entry in history[-5:]),
+        "generation_seconds": statistics.fmean(generation) if generation else None,
+        "wait_seconds": statistics.fmean(wait) if wait else None,
+        "load": os.getloadavg()[0],
+    }
+
+
+def _runs() -> dict:
+    return json.loads(RUNS.read_text()) if RUNS.exists() else {}
+
+
+def collect(options) -> None:
+    """Every (seed, arm) in a fresh process, arms interleaved within a seed; finished runs are kept and skipped."""
+    for seed in options.seeds:
+        for arm in options.arms:
+            key = f"{options.model}/{arm}/{seed}/{options.steps}"
+            if key in _runs():
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                out = os.path.join(tmp, "result.json")
+                command = [sys.executable, __file__, "--worker", json.dumps([options.model, arm, seed]), "--out", out]
+                command += ["--steps", str(options.steps), "--warmup", str(options.warmup)]
+                result = subprocess.run(command, capture_output=True, text=True)
+                if result.returncode != 0:
+                    raise RuntimeError(f"{key} failed:\n{result.stderr[-4000:]}")
+                run = json.loads(Path(out).read_text())
+            runs = _runs()
+            runs[key] = run
+            RUNS.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+            print(f"{key}: {run['seconds_per_step']:.2f} s/step, {run['tokens_per_second']:.1f} tokens/s", flush=True)
+
+
+def summarize(options) -> str:
+    runs = _runs()
+    by_arm = {
+        arm: {
+            r["seed"]: r
+            for k, r in runs.items()
+            if k.startswith(f"{options.model}/{arm}/") and r["steps"] == options.steps
+        }
+        for arm in options.arms
+    }
+    base = by_arm["sync-1t"]
+    lines = [
+        "| arm | seeds | s/step (median) | trained tokens/s (mean) | throughput vs sync-1t, mean [95% t interval] "
+        "| reward, last 5 steps | generation s/batch (worker) | waited s/batch |",
+        "|---|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for arm, seeds in by_arm.items():
+        paired = [math.log(seeds[s]["tokens_per_second"] / base[s]["tokens_per_second"]) for s in seeds if s in base]
+        if len(paired) >= 2:
+            mean, low, high = t_interval(paired)
+            ratio = f"{math.exp(mean):.2f}x [{math.exp(low):.2f}, {math.exp(high):.2f}]"
+        else:
+            ratio = "–"
+        generation = [r["generation_seconds"] for r in seeds.values() if r["generation_seconds"] is not None]
+        wait = [r["wait_seconds"] for r in seeds.values() if r["wait_seconds"] is not None]
+        lines.append(
+            f"| {arm} | {len(seeds)} | {statistics.median(r['seconds_per_step'] for r in seeds.values()):.2f} "
+            f"| {statistics.fmean(r['tokens_per_second'] for r in seeds.values()):.1f} | {ratio} "
+            f"| {statistics.fmean(r['reward_last5'] for r in seeds.values()):.3f} "
+            f"| {statistics.fmean(generation):.2f} | {statistics.fmean(wait):.2f} |"
+            if generation
+            else f"| {arm} | {len(seeds)} | {statistics.median(r['seconds_per_step'] for r in seeds.values()):.2f} "
+            f"| {statistics.fmean(r['tokens_per_second'] for r in seeds.values()):.1f} | {ratio} "
+            f"| {statistics.fmean(r['reward_last5'] for r in seeds.values()):.3f} | – | – |"
+        )
+    loads = [r["load"] for seeds in by_arm.values() for r in seeds.values()]
+    what = (
+        "SmolLM2-135M-Instruct with LoRA r=16, the main job's settings (16 completions of ≤ 16 tokens a step)"
+        if options.model == "real"
+        else "the tiny Qwen2 of the tests (16 completions of ≤ 32 tokens a step)"
+    )
+    table = (
+        f"DAPO (dynamic sampling off) on {what}, {options.steps} steps after {options.warmup} warm-up steps, seeds "
+        f"{sorted({s for seeds in by_arm.values() for s in seeds})}, each run a fresh process. Load average during the "
+        f"runs: median {statistics.median(loads):.1f} (max {max(loads):.1f}) on {os.cpu_count()} CPU threads.\n\n"
+        + "\n".join(lines)
+    )
+    print(table)
+    record(f"Asynchronous rollouts: throughput ({options.model} model)", table)
+    return table
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["tiny", "real"], default="tiny")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--arms", nargs="+", default=["sync-1t", "sync-2t", "inline-k2", "process-k1", "process-k2"])
+    parser.add_argument("--summarize", action="store_true", help="only the table, from the recorded runs")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.worker:
+        model, arm, seed = json.loads(options.worker)
+        Path(options.out).write_text(json.dumps(worker(model, arm, seed, options.steps, options.warmup)))
+        return
+    if "sync-1t" not in options.arms:
+        parser.error("--arms must include sync-1t, the baseline of the ratios")
+    if not options.summarize:
+        collect(options)
+    summarize(options)
+
+
+if __name__ == "__main__":
+    main()
