@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from ._warnings import user_stacklevel
 from .generator_process import GenerationJob, GeneratorError, GeneratorProcess
 
 BEHAVIOUR_WEIGHTS_FILE = "trl_reasoning_behaviour_weights.pt"
@@ -168,6 +170,62 @@ def importance_weight_share_changed(
         if clip_min is not None:
             changed = changed | (weights <= clip_min)
     return changed.float().mean().item()
+
+
+def async_rollouts_problem(*, sharded: bool, vision_language: bool, uses_vllm: bool) -> str | None:
+    """Why a run cannot sample asynchronously (``None``: it can)."""
+    if sharded:
+        return (
+            "asynchronous rollouts keep snapshots of the trainable weights and swap them into the model to sample; "
+            "with FSDP or DeepSpeed ZeRO-3 each process holds only a shard of them (use ZeRO-1/2 or LoRA)"
+        )
+    if vision_language and not uses_vllm:
+        return (
+            "asynchronous rollouts record the sampler's log-probabilities at generation time; for a vision-language "
+            "model that needs vLLM (use_vllm=True), which returns them"
+        )
+    return None
+
+
+def resolve_async_rollouts(requested: bool | None, problem: str | None, config_name: str) -> bool:
+    """Whether a run samples asynchronously: ``async_rollouts=True`` where it cannot is an error; ``None`` (a preset's
+    "where the run supports it") falls back to synchronous with a warning that says why."""
+    if requested is False:
+        return False
+    if problem is None:
+        return True
+    if requested is True:
+        raise ValueError(f"async_rollouts=True: {problem}. Set async_rollouts=False to train synchronously.")
+    warnings.warn(
+        f"async_rollouts=None ({config_name}'s default): this run trains synchronously, because {problem}. Set "
+        "async_rollouts=False to silence this warning.",
+        UserWarning,
+        stacklevel=user_stacklevel(),
+    )
+    return False
+
+
+def check_process_generator(
+    *, uses_vllm: bool, tools: bool, vision_language: bool, one_generation_per_step: bool, quantized: bool
+) -> None:
+    """``async_generator="process"`` refuses, naming each, what its worker cannot sample."""
+    found = [
+        what
+        for bad, what in (
+            (uses_vllm, "use_vllm=True (vLLM is its own engine: use async_generator='inline')"),
+            (tools, "tools or environments"),
+            (vision_language, "a vision-language model"),
+            (
+                not one_generation_per_step,
+                "more or less than one generation per optimizer step (steps_per_generation * num_iterations must "
+                "equal gradient_accumulation_steps)",
+            ),
+            (quantized, "a bitsandbytes-quantized model"),
+        )
+        if bad
+    ]
+    if found:
+        raise ValueError(f"async_generator='process' does not support {'; '.join(found)}.")
 
 
 def job_seed(base_seed: int, step: int, round_index: int, process_index: int) -> int:

@@ -112,22 +112,27 @@ def sample(model: torch.nn.Module, prompt_ids: list[list[int]], settings: Sampli
     return completions
 
 
+def padded_batch(
+    prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_token_id: int, multiple: int | None
+) -> dict[str, torch.Tensor]:
+    """Prompts left-padded and completions right-padded, with their masks, as TRL lays out a scored batch."""
+    return {
+        "prompt_ids": _padded(prompt_ids, pad_token_id, "left", multiple),
+        "prompt_mask": _padded([[1] * len(ids) for ids in prompt_ids], 0, "left", multiple),
+        "completion_ids": _padded(completion_ids, pad_token_id, "right", multiple),
+        "completion_mask": _padded([[1] * len(ids) for ids in completion_ids], 0, "right", multiple),
+    }
+
+
 @torch.no_grad()
 def sampled_token_logps(
     model: torch.nn.Module, prompt_ids: list[list[int]], completion_ids: list[list[int]], settings: SamplingSettings
 ) -> list[list[float]]:
     """``log softmax(logits / temperature)`` at each sampled token, the batch laid out as TRL lays it out."""
-    multiple = settings.pad_to_multiple_of
-    prompts = _padded(prompt_ids, settings.pad_token_id, "left", multiple)
-    completions = _padded(completion_ids, settings.pad_token_id, "right", multiple)
-    input_ids = torch.cat([prompts, completions], dim=1)
-    attention_mask = torch.cat(
-        [
-            _padded([[1] * len(ids) for ids in prompt_ids], 0, "left", multiple),
-            _padded([[1] * len(ids) for ids in completion_ids], 0, "right", multiple),
-        ],
-        dim=1,
-    )
+    batch = padded_batch(prompt_ids, completion_ids, settings.pad_token_id, settings.pad_to_multiple_of)
+    completions = batch["completion_ids"]
+    input_ids = torch.cat([batch["prompt_ids"], completions], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     length = completions.size(1)
     rows = []
     for start in range(0, input_ids.size(0), settings.batch_size):

@@ -36,22 +36,25 @@ from datasets import IterableDataset
 from packaging.version import Version
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import add_fused_lm_head, pad
+from trl.trainer.utils import add_fused_lm_head
 
 from ._warnings import user_stacklevel
 from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
 from .async_rollouts import (
     BehaviourWeights,
     ProcessPipeline,
+    async_rollouts_problem,
+    check_process_generator,
     importance_weight_share_changed,
     job_seed,
+    resolve_async_rollouts,
     seeded_sampling,
     trainable_parameters,
 )
 from .batch import TrainBatch
 from .checkpoints import SAMPLING_STATE_FILE, last_complete_checkpoint, read_sampling_state, write_json_atomically
 from .config import ReasoningConfig
-from .generator_process import GeneratorProcess, SamplingSettings
+from .generator_process import GeneratorProcess, SamplingSettings, padded_batch
 from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
 from .lm_head import cast_lm_head_to_fp32, unwrap_peft
 from .losses import POLICY_LOSSES, compute_policy_loss
@@ -302,23 +305,15 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _process_pipeline(self) -> ProcessPipeline:
         """``async_generator="process"``: the worker pipeline, after checking the run fits it."""
         args = self.args
-        problems = [
-            (self.use_vllm, "use_vllm=True (vLLM is its own engine: use async_generator='inline')"),
-            (bool(self.tools) or self.environment_factories is not None, "tools or environments"),
-            (self._is_vlm, "a vision-language model"),
-            (
-                args.steps_per_generation * self.num_iterations != args.gradient_accumulation_steps,
-                "more or less than one generation per optimizer step (steps_per_generation * num_iterations must "
-                "equal gradient_accumulation_steps)",
-            ),
-            (
-                getattr(self.model, "is_loaded_in_4bit", False) or getattr(self.model, "is_loaded_in_8bit", False),
-                "a bitsandbytes-quantized model",
-            ),
-        ]
-        found = [what for bad, what in problems if bad]
-        if found:
-            raise ValueError(f"async_generator='process' does not support {'; '.join(found)}.")
+        check_process_generator(
+            uses_vllm=self.use_vllm,
+            tools=bool(self.tools) or self.environment_factories is not None,
+            vision_language=self._is_vlm,
+            one_generation_per_step=args.steps_per_generation * self.num_iterations
+            == args.gradient_accumulation_steps,
+            quantized=getattr(self.model, "is_loaded_in_4bit", False)
+            or getattr(self.model, "is_loaded_in_8bit", False),
+        )
         settings = SamplingSettings(
             generation_config=self.generation_config,
             pad_token_id=self._tokenizer.pad_token_id,
@@ -343,34 +338,13 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
 
     def _async_rollouts_on(self) -> bool:
         """``async_rollouts``: ``True`` (an error where the run cannot), ``None`` (on where it can, else a warning)."""
-        requested = self.args.async_rollouts
-        if requested is False:
-            return False
-        problem = None
-        sharded = self.is_fsdp_enabled or (
-            self.is_deepspeed_enabled and getattr(self.accelerator.state.deepspeed_plugin, "zero_stage", 0) == 3  # type: ignore[union-attr]
+        zero_stage = getattr(getattr(self.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0)
+        problem = async_rollouts_problem(
+            sharded=self.is_fsdp_enabled or (self.is_deepspeed_enabled and zero_stage == 3),
+            vision_language=self._is_vlm,
+            uses_vllm=self.use_vllm,
         )
-        if sharded:
-            problem = (
-                "asynchronous rollouts keep snapshots of the trainable weights and swap them into the model to "
-                "sample; with FSDP or DeepSpeed ZeRO-3 each process holds only a shard of them (use ZeRO-1/2 or LoRA)"
-            )
-        elif self._is_vlm and not self.use_vllm:
-            problem = (
-                "asynchronous rollouts record the sampler's log-probabilities at generation time; for a "
-                "vision-language model that needs vLLM (use_vllm=True), which returns them"
-            )
-        if problem is None:
-            return True
-        if requested is True:
-            raise ValueError(f"async_rollouts=True: {problem}. Set async_rollouts=False to train synchronously.")
-        warnings.warn(
-            f"async_rollouts=None ({type(self.args).__name__}'s default): this run trains synchronously, because "
-            f"{problem}. Set async_rollouts=False to silence this warning.",
-            UserWarning,
-            stacklevel=user_stacklevel(),
-        )
-        return False
+        return resolve_async_rollouts(self.args.async_rollouts, problem, type(self.args).__name__)
 
     @property
     def last_train_batch(self) -> TrainBatch | None:
@@ -597,27 +571,10 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             return self._rollout_topk(output, mode)
 
     def _sampled_token_logps(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
-        """Log-probabilities of the sampled tokens under the model as it is now, laid out as TRL lays out a batch
-        (prompts left-padded, completions right-padded), so that they equal TRL's ``old_per_token_logps`` when the
-        weights are the same."""
-
-        def padded(rows: list[list[int]], value: int, side: str) -> torch.Tensor:
-            tensors = [torch.tensor(row, dtype=torch.long) for row in rows]
-            return pad(tensors, value, side, self.pad_to_multiple_of).to(self.accelerator.device)
-
-        pad_id = self._tokenizer.pad_token_id
-        prompts = padded(prompt_ids, pad_id, "left")
-        prompt_mask = padded([[1] * len(ids) for ids in prompt_ids], 0, "left")
-        completions = padded(completion_ids, pad_id, "right")
-        completion_mask = padded([[1] * len(ids) for ids in completion_ids], 0, "right")
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model,
-                torch.cat([prompts, completions], dim=1),
-                torch.cat([prompt_mask, completion_mask], dim=1),
-                completions.size(1),
-                batch_size=self.args.per_device_train_batch_size,
-            )
+        """The sampled tokens' log-probabilities under the model as it is now, the batch laid out as TRL lays it out
+        (so that they equal TRL's ``old_per_token_logps`` when the weights are the same)."""
+        batch = padded_batch(prompt_ids, completion_ids, self._tokenizer.pad_token_id, self.pad_to_multiple_of)
+        logps = self.behaviour_logps({key: value.to(self.accelerator.device) for key, value in batch.items()})
         return [row[: len(ids)].tolist() for row, ids in zip(logps, completion_ids, strict=True)]
 
     def _context_limit(self) -> int | None:
