@@ -200,6 +200,7 @@ def run_one(job: dict) -> dict:
     clipped = [c for c in clipped if c is not None]
     if job["claim"] == "stale_dppo" and job["arm"] == "dppo":
         clipped = [e.get("dppo/masked_frac_pos_adv", 0.0) + e.get("dppo/masked_frac_neg_adv", 0.0) for e in history]
+    rewards = [entry["reward"] for entry in history if "reward" in entry]
     return {
         **job,
         "steps": trainer.state.global_step,
@@ -207,7 +208,8 @@ def run_one(job: dict) -> dict:
         "train_seconds": train_seconds,
         **measures,
         "clip_fraction": statistics.fmean(clipped) if clipped else float("nan"),
-        "train_reward_last": statistics.fmean(e["reward"] for e in history[-5:]) if history else float("nan"),
+        # the reward is logged at generation steps only (every steps_per_generation steps in the stale regime)
+        "train_reward_last": statistics.fmean(rewards[-5:]) if rewards else float("nan"),
         "load": os.getloadavg()[0],
     }
 

@@ -480,3 +480,35 @@ def test_a_script_without_a_main_guard_trains_once(tiny_model_path, tmp_path):
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("TRAINING STARTS") == 1 and result.stdout.count("TRAINING ENDS") == 1
+
+
+def test_evaluation_during_training_samples_with_the_current_weights(tiny_model_path, tmp_path):
+    """Evaluation is not a pipeline batch: it samples with the weights being trained, records nothing and leaves the
+    pipeline where it was (the training staleness goes on 0, 1, 2, 2)."""
+    args = tr.ReasoningConfig(
+        **cpu_args(output_dir=str(tmp_path), async_rollouts=True, max_staleness=2, max_steps=4),
+        eval_strategy="steps",
+        eval_steps=2,
+    )
+    trainer = tr.ReasoningTrainer(
+        model=tiny_model_path,
+        reward_funcs=digit_fraction,
+        args=args,
+        train_dataset=tr_prompts(),
+        eval_dataset=tr_prompts().select(range(8)),
+    )
+    evaluated = []
+    generate = trainer._generate
+
+    def recorded(prompts):
+        output = generate(prompts)
+        if not trainer.model.training:
+            evaluated.append(output[4])
+        return output
+
+    trainer._generate = recorded
+    trainer.train()
+    assert evaluated, "no evaluation ran"
+    assert trainer.behaviour.generation_steps == 4
+    assert logged_metric(trainer, "async/staleness") == [0, 1, 2, 2]
+    assert [e for e in trainer.state.log_history if "eval_reward" in e], "evaluation logged nothing"
