@@ -16,7 +16,7 @@ import pytest
 from conftest import run_torchrun
 
 WORKER = Path(__file__).with_name("two_process_worker.py")
-PRESETS = ("DAPO", "ScaleRL", "DAPO-async")
+PRESETS = ("DAPO", "ScaleRL", "DAPO-async", "DAPO-async-process")
 MAX_STEPS = 5
 
 
@@ -72,7 +72,7 @@ def test_two_processes_train_past_checkpoints_and_resume(preset, runs):
     assert {"checkpoint-2", "checkpoint-4"} <= {p.name for p in (runs / preset).iterdir()}
     # Asynchronous presets (ScaleRL by default, k = 8; DAPO-async, k = 2): batch g is sampled by the weights of step
     # g - k on both ranks, and the resumed job continues the pipeline from the checkpoint's behaviour weights.
-    k = {"DAPO": None, "ScaleRL": 8, "DAPO-async": 2}[preset]
+    k = {"DAPO": None, "ScaleRL": 8, "DAPO-async": 2, "DAPO-async-process": 2}[preset]
     for reports in (train, resume):
         want = {} if k is None else {str(s): float(min(s - 1, k)) for s in range(1, MAX_STEPS + 1)}
         assert reports[0]["staleness"] == reports[1]["staleness"] == want
@@ -114,3 +114,17 @@ def test_scalerl_retired_prompts_stay_retired_after_two_process_resume(runs):
     # The "fixed" prompts were all retired in epoch 0 (checked above): the resumed step 5 must not train on one.
     resumed = [call for r in _reports(runs, "ScaleRL", "resume") for call in r["reward_calls"]]
     assert not any(text.startswith("fixed") for call in resumed for text in call), resumed
+
+
+@pytest.mark.journey
+@pytest.mark.slow
+def test_two_process_generator_processes_train_as_the_inline_generator(runs):
+    """Each rank's generator process samples the batches its in-process generator would (same seeds, same weights):
+    the same decisions and losses, parameters to float tolerance (the sampler's log-probs come from another forward)."""
+    for mode in ("train", "resume"):
+        inline, process = _reports(runs, "DAPO-async", mode), _reports(runs, "DAPO-async-process", mode)
+        assert [r["generation_rounds"] for r in process] == [r["generation_rounds"] for r in inline]
+        assert [r["reward_calls"] for r in process] == [r["reward_calls"] for r in inline]
+        for step, loss in inline[0]["losses"].items():
+            assert process[0]["losses"][step] == pytest.approx(loss, rel=1e-3, abs=1e-4)
+        assert process[0]["parameter_checksum"] == pytest.approx(inline[0]["parameter_checksum"], rel=1e-5)

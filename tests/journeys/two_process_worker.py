@@ -33,6 +33,12 @@ PRESETS = {
         tr.DAPOConfig,
         {"dynamic_sampling": True, "async_rollouts": True, "max_staleness": 2},
     ),
+    # the same, sampled by a generator process on each rank: it must train as DAPO-async does
+    "DAPO-async-process": (
+        tr.DAPOTrainer,
+        tr.DAPOConfig,
+        {"dynamic_sampling": True, "async_rollouts": True, "max_staleness": 2, "async_generator": "process"},
+    ),
 }
 MAX_STEPS = 5
 SAVE_STEPS = 2
