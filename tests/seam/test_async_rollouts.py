@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PRESETS, StopAt, cpu_args, digit_fraction, generate_batch, logged_metric, lora_config
+from conftest import (
+    PRESETS,
+    StopAt,
+    cpu_args,
+    digit_fraction,
+    generate_batch,
+    logged_metric,
+    lora_config,
+    make_prompts,
+)
 from transformers import AutoModelForCausalLM
 
 import trl_reasoning as tr
@@ -104,8 +113,6 @@ def _trainer(model_path, tmp_path, config_cls=tr.ReasoningConfig, trainer_cls=tr
 
 
 def tr_prompts():
-    from conftest import make_prompts
-
     return make_prompts(16)
 
 
