@@ -30,6 +30,7 @@ from transformers import TrainerCallback
 
 from ._warnings import user_stacklevel
 from .generator_process import GenerationJob, GeneratorError, GeneratorProcess
+from .server_generator import ServerGenerator
 
 BEHAVIOUR_WEIGHTS_FILE = "trl_reasoning_behaviour_weights.pt"
 
@@ -37,6 +38,27 @@ BEHAVIOUR_WEIGHTS_FILE = "trl_reasoning_behaviour_weights.pt"
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     """The parameters an optimizer step changes (for a PEFT model, the adapters), by name."""
     return {name: param for name, param in model.named_parameters() if param.requires_grad}
+
+
+@contextlib.contextmanager
+def weights_swapped_in(params: dict[str, torch.nn.Parameter], weights: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Within the block, ``params`` hold ``weights`` (a snapshot of them); afterwards, exactly what they held before."""
+    missing = sorted(set(params) - set(weights))
+    if missing:
+        raise RuntimeError(
+            f"The behaviour policy's snapshot lacks parameters {missing[:5]}: the set of trainable parameters "
+            "changed during training, which asynchronous rollouts do not support."
+        )
+    current = {name: param.detach().clone() for name, param in params.items()}
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(weights[name].to(param.device, param.dtype))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(current[name])
 
 
 class BehaviourWeights:
@@ -75,23 +97,8 @@ class BehaviourWeights:
         if staleness == 0:
             yield 0
             return
-        behaviour = self._snapshots[0]
-        missing = sorted(set(params) - set(behaviour))
-        if missing:
-            raise RuntimeError(
-                f"The behaviour policy's snapshot lacks parameters {missing[:5]}: the set of trainable parameters "
-                "changed during training, which asynchronous rollouts do not support."
-            )
-        current = {name: param.detach().clone() for name, param in params.items()}
-        with torch.no_grad():
-            for name, param in params.items():
-                param.copy_(behaviour[name].to(param.device, param.dtype))
-        try:
+        with weights_swapped_in(params, self._snapshots[0]):
             yield staleness
-        finally:
-            with torch.no_grad():
-                for name, param in params.items():
-                    param.copy_(current[name])
 
     def weights_for(self, step: int) -> dict[str, torch.Tensor]:
         """The behaviour weights of generation step ``step``: the snapshot of step ``max(step - k, 0)``, which must
@@ -205,27 +212,44 @@ def resolve_async_rollouts(requested: bool | None, problem: str | None, config_n
     return False
 
 
-def check_process_generator(
-    *, uses_vllm: bool, tools: bool, vision_language: bool, one_generation_per_step: bool, quantized: bool
+def check_ahead_generator(
+    generator: str,
+    *,
+    uses_vllm: bool,
+    vllm_mode: str | None,
+    tools: bool,
+    vision_language: bool,
+    one_generation_per_step: bool,
+    quantized: bool,
 ) -> None:
-    """``async_generator="process"`` refuses, naming each, what its worker cannot sample."""
-    found = [
-        what
-        for bad, what in (
-            (uses_vllm, "use_vllm=True (vLLM is its own engine: use async_generator='inline')"),
+    """``async_generator="process"`` or ``"server"`` refuses, naming each, what its generator cannot sample."""
+    one_per_step = (
+        not one_generation_per_step,
+        "more or less than one generation per optimizer step (steps_per_generation * num_iterations must equal "
+        "gradient_accumulation_steps)",
+    )
+    if generator == "process":
+        problems = (
+            (uses_vllm, "use_vllm=True (vLLM is its own engine: use async_generator='server' or 'inline')"),
             (tools, "tools or environments"),
             (vision_language, "a vision-language model"),
-            (
-                not one_generation_per_step,
-                "more or less than one generation per optimizer step (steps_per_generation * num_iterations must "
-                "equal gradient_accumulation_steps)",
-            ),
+            one_per_step,
             (quantized, "a bitsandbytes-quantized model"),
         )
-        if bad
-    ]
+    else:
+        problems = (
+            (
+                not uses_vllm or vllm_mode != "server",
+                f"use_vllm={uses_vllm}, vllm_mode={vllm_mode!r} (it sends requests to TRL's vLLM server: set "
+                "use_vllm=True, vllm_mode='server')",
+            ),
+            (tools, "tools or environments"),
+            (vision_language, "a vision-language model (its image features are not sent ahead)"),
+            one_per_step,
+        )
+    found = [what for bad, what in problems if bad]
     if found:
-        raise ValueError(f"async_generator='process' does not support {'; '.join(found)}.")
+        raise ValueError(f"async_generator={generator!r} does not support {'; '.join(found)}.")
 
 
 def job_seed(base_seed: int, step: int, round_index: int, process_index: int) -> int:
@@ -277,17 +301,19 @@ class ReadAhead:
         return {self.next_step + i // per_step: self._buffer[i] for i in range(0, len(self._buffer), per_step)}
 
 
-class ProcessPipeline(TrainerCallback):
-    """Asynchronous rollouts with the generator in its own process (``async_generator="process"``): the batches of
-    the next ``k`` generation steps are read ahead (:class:`ReadAhead`) and submitted to the worker with their
-    behaviour weights as soon as those exist, so the worker samples them while the trainer trains; the trainer then
-    collects each batch at its step. The worker is started at the first submission and stopped at the end of
-    training (this object is also the callback that stops it)."""
+class AheadPipeline(TrainerCallback):
+    """Asynchronous rollouts with a generator that samples ahead of the trainer: a worker process
+    (``async_generator="process"``, :class:`GeneratorProcess`) or TRL's vLLM server (``"server"``,
+    :class:`~trl_reasoning.server_generator.ServerGenerator`). The batches of the next ``k`` generation steps are
+    read ahead (:class:`ReadAhead`) and submitted with their behaviour weights as soon as those exist, so the
+    generator samples them while the trainer trains; the trainer then collects each batch at its step. The generator
+    is started at the first submission and stopped at the end of training (this object is also the callback that
+    stops it)."""
 
     def __init__(
         self,
         behaviour: BehaviourWeights,
-        start_generator: Callable[[], GeneratorProcess],
+        start_generator: Callable[[], GeneratorProcess | ServerGenerator],
         tokenize: Callable[[list], list[list[int]]],
         seed_of: Callable[[int], int],
     ):
@@ -296,20 +322,22 @@ class ProcessPipeline(TrainerCallback):
         self._start_generator = start_generator
         self._tokenize = tokenize
         self._seed_of = seed_of
-        self._generator: GeneratorProcess | None = None
+        self._generator: GeneratorProcess | ServerGenerator | None = None
         self._jobs: dict[int, tuple[list, list[list[int]]]] = {}
-        self.last_generation_seconds = self.last_wait_seconds = 0.0  # the worker's time on a batch; the wait for it
+        self.last_step: int | None = None  # the last generation step this train() trains (none is sampled past it)
+        self.last_generation_seconds = self.last_wait_seconds = 0.0  # the generator's time on a batch; the wait for it
+        self.last_ranked: tuple[list, list, list] | None = None  # a vLLM server's top-K of the last batch (DPPO)
 
     @property
-    def generator(self) -> GeneratorProcess:
-        """The worker, started at first use (a worker that died is reported by the next wait, never replaced)."""
+    def generator(self) -> GeneratorProcess | ServerGenerator:
+        """The generator, started at first use (a worker that died is reported by the next wait, never replaced)."""
         if self._generator is None:
             self._generator = self._start_generator()
             self._jobs.clear()
         return self._generator
 
     def submit(self, step: int, prompts: list) -> None:
-        """Send the batch of generation ``step`` (its ``prompts``, this process's rows) to the worker, once."""
+        """Send the batch of generation ``step`` (its ``prompts``, this process's rows) to the generator, once."""
         if step in self._jobs:
             return
         generator = self.generator
@@ -321,21 +349,29 @@ class ProcessPipeline(TrainerCallback):
         """At a new generation step: submit every batch read ahead whose behaviour weights now exist."""
         newest = self.behaviour.generation_steps - 1
         for step, rows in self.read_ahead.future().items():
-            if step <= newest + self.behaviour.max_staleness:
+            beyond_training = self.last_step is not None and step > self.last_step
+            if step <= newest + self.behaviour.max_staleness and not beyond_training:
                 self.submit(step, [row["prompt"] for row in rows])
 
     def collect(self, step: int, prompts: list) -> dict[str, list]:
-        """The batch of generation ``step`` as TRL's ``rollout_func`` returns one (waiting for the worker)."""
+        """The batch of generation ``step`` as TRL's ``rollout_func`` returns one (waiting for the generator)."""
         self.submit(step, prompts)
         job_prompts, prompt_ids = self._jobs.pop(step)
         if job_prompts != prompts:
             raise GeneratorError(
-                f"The batch the generator process sampled for generation step {step} was read ahead with other prompts "
+                f"The batch the generator sampled for generation step {step} was read ahead with other prompts "
                 "than the step trains on: the read-ahead lost its place in the dataloader. Please report this; "
                 "async_generator='inline' avoids it."
             )
         completions, logps, self.last_generation_seconds, self.last_wait_seconds = self.generator.result(step)
+        self.last_ranked = getattr(self.generator, "last_ranked", None)
         return {"prompt_ids": prompt_ids, "completion_ids": completions, "logprobs": logps}
+
+    def release_engine(self) -> None:
+        """Before the trainer's own generation (an evaluation, an extra dynamic-sampling round): a vLLM server first
+        answers what it was sent ahead, and gets the next batch's weights pushed again afterwards."""
+        if isinstance(self._generator, ServerGenerator):
+            self._generator.release()
 
     def close(self) -> None:
         if self._generator is not None:
@@ -343,6 +379,11 @@ class ProcessPipeline(TrainerCallback):
             self._generator = None
         self._jobs.clear()
         self.read_ahead = ReadAhead(self.behaviour.max_staleness)  # a later train() reads from its own position
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # One generation per optimizer step (the ahead generators require it): generation step g is trained at
+        # optimizer step g, so the batches read ahead past max_steps would be sampled for nothing.
+        self.last_step = state.max_steps - 1
 
     def on_train_end(self, args, state, control, **kwargs):
         self.close()

@@ -181,10 +181,14 @@ class ReasoningConfig(GRPOConfig):
             (HF `generate`), which samples the next `k` batches while the trainer trains; each call is seeded, so
             both generators give the same batches. `"process"` needs `max_staleness >= 1`, one generation per
             optimizer step (`steps_per_generation * num_iterations == gradient_accumulation_steps`, TRL's default),
-            no vLLM (vLLM is its own engine), no tools, a text model and no bitsandbytes quantization.
+            no vLLM (vLLM is its own engine), no tools, a text model and no bitsandbytes quantization. `"server"`:
+            TRL's vLLM server (`use_vllm=True, vllm_mode="server"`) samples the next `k` batches while the trainer
+            trains: each batch's behaviour weights are pushed with TRL's weight sync as soon as they exist and its
+            prompts sent with TRL's client from a background thread (the server's own sampling seeds; needs
+            `max_staleness >= 1`, one generation per optimizer step, no tools and a text model).
         async_timeout (`float`, *optional*, defaults to `600.0`):
-            `"process"`: seconds the trainer waits for a batch before a `GeneratorError`; a worker that dies is
-            reported within a second.
+            `"process"` and `"server"`: seconds the trainer waits for a batch before a `GeneratorError`; a worker
+            that dies is reported within a second.
 
         > Parameters of fault handling
 
@@ -336,13 +340,16 @@ class ReasoningConfig(GRPOConfig):
     async_generator: str = field(
         default="inline",
         metadata={
-            "help": "Asynchronous rollouts: 'inline' (in the training process) or 'process' (a worker process that "
-            "samples the next max_staleness batches while the trainer trains)."
+            "help": "Asynchronous rollouts: 'inline' (in the training process), 'process' (a worker process that "
+            "samples the next max_staleness batches while the trainer trains) or 'server' (TRL's vLLM server, sent "
+            "the next batches ahead)."
         },
     )
     async_timeout: float = field(
         default=600.0,
-        metadata={"help": "Asynchronous rollouts with async_generator='process': seconds to wait for a batch."},
+        metadata={
+            "help": "Asynchronous rollouts with async_generator='process' or 'server': seconds to wait for a batch."
+        },
     )
     on_reward_error: str = field(
         default="raise",
@@ -558,14 +565,24 @@ class ReasoningConfig(GRPOConfig):
         self._validate_reward_clip_range()
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}.")
-        if self.async_generator not in ("inline", "process"):
-            raise ValueError(f"async_generator must be 'inline' or 'process', got {self.async_generator!r}.")
+        if self.async_generator not in ("inline", "process", "server"):
+            raise ValueError(f"async_generator must be 'inline', 'process' or 'server', got {self.async_generator!r}.")
         if not self.async_timeout > 0:
             raise ValueError(f"async_timeout must be > 0 seconds, got {self.async_timeout}.")
-        if self.async_generator == "process" and self.async_rollouts is not False and self.max_staleness < 1:
+        if self.async_generator != "inline" and self.async_rollouts is not False and self.max_staleness < 1:
             raise ValueError(
-                "async_generator='process' samples ahead of the trainer, which max_staleness=0 forbids: set "
-                "max_staleness >= 1, or async_generator='inline'."
+                f"async_generator={self.async_generator!r} samples ahead of the trainer, which max_staleness=0 "
+                "forbids: set max_staleness >= 1, or async_generator='inline'."
+            )
+        if (
+            self.async_generator == "server"
+            and self.async_rollouts is not False
+            and (not self.use_vllm or self.vllm_mode != "server")
+        ):
+            raise ValueError(
+                "async_generator='server' sends the batches ahead to TRL's vLLM server: set use_vllm=True and "
+                f"vllm_mode='server' (got use_vllm={self.use_vllm}, vllm_mode={self.vllm_mode!r}), or use "
+                "async_generator='process' (HF generate in a worker process)."
             )
         if self.task_pass_threshold is not None and not math.isfinite(self.task_pass_threshold):
             raise ValueError(f"task_pass_threshold must be a finite number or None, got {self.task_pass_threshold}.")

@@ -41,15 +41,16 @@ from trl.trainer.utils import add_fused_lm_head
 from ._warnings import user_stacklevel
 from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
 from .async_rollouts import (
+    AheadPipeline,
     BehaviourWeights,
-    ProcessPipeline,
     async_rollouts_problem,
-    check_process_generator,
+    check_ahead_generator,
     importance_weight_share_changed,
     job_seed,
     resolve_async_rollouts,
     seeded_sampling,
     trainable_parameters,
+    weights_swapped_in,
 )
 from .batch import TrainBatch
 from .checkpoints import SAMPLING_STATE_FILE, last_complete_checkpoint, read_sampling_state, write_json_atomically
@@ -66,6 +67,7 @@ from .rewards import (
 )
 from .rollout import Rollout, loss_tokens
 from .sampling import RetiredPrompts, prompt_key
+from .server_generator import SAMPLING_ATTRIBUTES, ServerGenerator
 from .topk_forward import FORWARD_KEYS, TopKForwardMixin, model_inputs
 from .trl_mirror import k3_kl, masked_means_over_processes
 
@@ -107,8 +109,28 @@ TRL_HELPER_FUNCTIONS: dict[str, tuple[str, ...]] = {
 #: logprob_token_ids)``), and the ``logprobs`` setting it reads at each call. Checked against TRL 1.16.0.
 TRL_VLLM_GENERATION: dict[str, tuple[str, ...]] = {
     "generate": ("prompts", "images", "num_generations", "profiler"),
+    "sync_weights": (),  # async_generator="server" pushes the behaviour weights with it
 }
-TRL_VLLM_GENERATION_ATTRIBUTES = ("logprobs",)
+#: Attributes of ``VLLMGeneration`` read here: DPPO's ``logprobs``; the server client and the sampling settings that
+#: ``async_generator="server"`` sends as TRL's ``generate`` sends them (``server_generator.sampling_parameters``).
+TRL_VLLM_GENERATION_ATTRIBUTES = ("logprobs", "vllm_client", *SAMPLING_ATTRIBUTES)
+#: ``trl.generation.vllm_client.VLLMClient.generate``'s parameters that ``async_generator="server"`` passes.
+TRL_VLLM_CLIENT_GENERATE: dict[str, tuple[str, ...]] = {
+    "generate": (
+        "prompts",
+        "features",
+        "n",
+        "repetition_penalty",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "max_tokens",
+        "logprobs",
+        "structured_outputs_regex",
+        "generation_kwargs",
+    ),
+}
 #: The per-token outputs GRPOTrainer asks of its fused LM head (TRL 1.16, ``GRPOTrainer.__init__``).
 TRL_FUSED_LM_HEAD_OUTPUTS = ("log_probs", "entropy")
 
@@ -178,15 +200,17 @@ def check_trl_private_api(trainer_class: type = GRPOTrainer) -> None:
     whose leading parameters changed (likewise ``TRL_HELPER_FUNCTIONS`` and ``TRL_VLLM_GENERATION``)."""
     import trl
     import trl.trainer.utils as trl_utils
+    from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
 
     problems = _signature_problems(trainer_class.__name__, trainer_class, TRL_PRIVATE_API)
     problems += _signature_problems("trl.trainer.utils", trl_utils, TRL_HELPER_FUNCTIONS)
     problems += _signature_problems("VLLMGeneration", VLLMGeneration, TRL_VLLM_GENERATION)
-    init_source = inspect.getsource(VLLMGeneration.__init__)
+    problems += _signature_problems("VLLMClient", VLLMClient, TRL_VLLM_CLIENT_GENERATE)
+    class_source = inspect.getsource(VLLMGeneration)
     for attribute in TRL_VLLM_GENERATION_ATTRIBUTES:
-        if f"self.{attribute} =" not in init_source:
-            problems.append(f"VLLMGeneration.__init__ no longer sets self.{attribute}")
+        if f"self.{attribute} =" not in class_source:
+            problems.append(f"VLLMGeneration no longer sets self.{attribute}")
     if problems:
         raise TRLCompatibilityError(
             f"trl-reasoning was checked against TRL {TRL_CHECKED_VERSION}, but the installed TRL {trl.__version__} "
@@ -298,15 +322,18 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self.behaviour = BehaviourWeights(self.args.max_staleness) if self._async_rollouts_on() else None
         self._generation_round = 0  # generation calls so far in this generation step (dynamic sampling: several)
         self.pipeline = None
-        if self.behaviour is not None and self.args.async_generator == "process":
-            self.pipeline = self._process_pipeline()
+        if self.behaviour is not None and self.args.async_generator != "inline":
+            self.pipeline = self._ahead_pipeline()
             self.add_callback(self.pipeline)
 
-    def _process_pipeline(self) -> ProcessPipeline:
-        """``async_generator="process"``: the worker pipeline, after checking the run fits it."""
+    def _ahead_pipeline(self) -> AheadPipeline:
+        """``async_generator="process"`` or ``"server"``: the pipeline that samples ahead, after checking the run fits
+        its generator."""
         args = self.args
-        check_process_generator(
+        check_ahead_generator(
+            args.async_generator,
             uses_vllm=self.use_vllm,
+            vllm_mode=getattr(self, "vllm_mode", None) if self.use_vllm else None,
             tools=bool(self.tools) or self.environment_factories is not None,
             vision_language=self._is_vlm,
             one_generation_per_step=args.steps_per_generation * self.num_iterations
@@ -314,20 +341,43 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             quantized=getattr(self.model, "is_loaded_in_4bit", False)
             or getattr(self.model, "is_loaded_in_8bit", False),
         )
-        settings = SamplingSettings(
-            generation_config=self.generation_config,
-            pad_token_id=self._tokenizer.pad_token_id,
-            eos_token_ids=list(self.eos_token_ids),
-            temperature=self.temperature,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            batch_size=args.per_device_train_batch_size,
-        )
-        return ProcessPipeline(
+        if args.async_generator == "server":
+
+            def start_generator() -> ServerGenerator:
+                return ServerGenerator(
+                    vllm_generation=self.vllm_generation,
+                    accelerator=self.accelerator,
+                    push_weights=self._push_behaviour_weights,
+                    num_generations=self.num_generations,
+                    timeout=args.async_timeout,
+                )
+
+        else:
+            settings = SamplingSettings(
+                generation_config=self.generation_config,
+                pad_token_id=self._tokenizer.pad_token_id,
+                eos_token_ids=list(self.eos_token_ids),
+                temperature=self.temperature,
+                pad_to_multiple_of=self.pad_to_multiple_of,
+                batch_size=args.per_device_train_batch_size,
+            )
+
+            def start_generator() -> GeneratorProcess:
+                return GeneratorProcess(self.model, settings, args.async_timeout)
+
+        return AheadPipeline(
             self.behaviour,
-            start_generator=lambda: GeneratorProcess(self.model, settings, args.async_timeout),
+            start_generator=start_generator,
             tokenize=lambda prompts: self._tokenize_prompts(prompts)[0],
             seed_of=lambda step: job_seed(args.seed, step, 0, self.accelerator.process_index),
         )
+
+    def _push_behaviour_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """``async_generator="server"``: TRL's weight sync with ``weights`` swapped into the model; TRL's own paths
+        sync the current weights again before they next sample (evaluation)."""
+        with weights_swapped_in(trainable_parameters(self.model), weights):
+            self.vllm_generation.sync_weights()
+        self._last_loaded_step = -1
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """The Trainer's, reading the next ``max_staleness`` steps' batches ahead for the generator process."""
@@ -510,6 +560,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         swapped into the model (vLLM is synced with them first), and the sampled tokens' log-probabilities under them
         are recorded: vLLM returns them, ``generate`` does not, so they are computed with the same weights."""
         if self.behaviour is None or not self.model.training:
+            if self.pipeline is not None:
+                self.pipeline.release_engine()  # a vLLM server answers what it was sent ahead before it syncs anew
             return super()._generate(prompts)
         step, round_index = self.behaviour.generation_steps - 1, self._generation_round
         self._generation_round += 1
@@ -520,10 +572,14 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         try:
             if self.pipeline is not None and round_index == 0:
                 generated = self._generate_with(self.pipeline.collect(step, prompts), prompts)
+                if self._engine_topk is not None and self.pipeline.last_ranked is not None:
+                    self._engine_topk.append(self.pipeline.last_ranked)  # DPPO top-K: the server's own
                 # how much of the worker's generation the trainer still waited for (0: fully overlapped)
                 self._metrics["train"]["async/generation_seconds"].append(self.pipeline.last_generation_seconds)
                 self._metrics["train"]["async/wait_seconds"].append(self.pipeline.last_wait_seconds)
             else:
+                if self.pipeline is not None:
+                    self.pipeline.release_engine()
                 with self.behaviour.swapped_in(trainable_parameters(self.model)), self._sampling_seed(seed):
                     if self.use_vllm:
                         self._last_loaded_step = -1  # sync the engine with the behaviour weights
@@ -555,12 +611,13 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _generate_with(self, rollout: dict[str, list], prompts):
         """TRL's ``_generate`` on a batch the worker sampled, through TRL's own ``rollout_func`` path (decoding,
         completion metrics)."""
-        own_rollout_func = self.rollout_func
+        own_rollout_func, sampling_backend = self.rollout_func, self.use_vllm
         self.rollout_func = lambda _prompts, _trainer: rollout
+        self.use_vllm = False  # TRL would sync the current weights to a vLLM server that samples ahead with others
         try:
             return self._checked_generation(super()._generate(prompts))
         finally:
-            self.rollout_func = own_rollout_func
+            self.rollout_func, self.use_vllm = own_rollout_func, sampling_backend
 
     def rollout_topk(self, output, mode: str) -> dict[str, torch.Tensor]:
         """DPPO top-K: the sampler's top-K ids and log-probs (``TopKForwardMixin._rollout_topk``), from the behaviour

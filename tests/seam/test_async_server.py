@@ -1,0 +1,306 @@
+"""Asynchronous rollouts sampled ahead by TRL's vLLM server (``async_generator="server"``).
+
+vLLM cannot run here (no CUDA). TRL's ``VLLMGeneration`` is replaced by a stand-in in server mode whose client plays
+the server: it holds a copy of the model with the weights last pushed by ``sync_weights`` (as the real server holds
+what TRL's weight sync sent), samples ``n`` completions per prompt in the request's thread and answers in vLLM's
+shapes. What is checked: every batch is sampled by the weights of ``k`` generation steps earlier, the request for a
+batch goes out ``k`` steps before the batch is trained, no weight push lands while a request is in flight, the
+trainer's own vLLM generation (evaluation, dynamic sampling's extra rounds) still sees the right weights, DPPO's top-K
+is the server's, and a server that fails or hangs is an error within ``async_timeout``. The plumbing is tested at
+TRL's interface; a real vLLM server is not.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import pytest
+import torch
+import trl.trainer.grpo_trainer as trl_grpo
+from conftest import cpu_args, digit_fraction, logged_metric, make_prompts
+from transformers import TrainerCallback
+
+import trl_reasoning as tr
+from trl_reasoning.generator_process import GeneratorError
+
+
+def fingerprint(model: torch.nn.Module) -> float:
+    """A number that identifies the trainable weights (they change at every optimizer step here)."""
+    return round(sum(float(p.detach().double().sum()) for p in model.parameters() if p.requires_grad), 9)
+
+
+class StandInServer:
+    """The vLLM server behind ``VLLMClient``: the model with the weights last pushed; ``generate`` as the client's."""
+
+    def __init__(self, model: torch.nn.Module, eos_token_id: int):
+        self.engine = copy.deepcopy(model).eval()
+        self.eos_token_id = eos_token_id
+        self.loaded: float | None = None
+        self.in_flight = 0
+        self.pushes_during_requests = 0
+        self.requests: list[dict] = []  # per request: the weights it sampled with, its prompts, the thread
+        self.delay = 0.0  # seconds each request takes on top of sampling (a hanging server: large)
+        self.fail = False
+        self._random = torch.Generator().manual_seed(11)
+        self._lock = threading.Lock()
+
+    def load(self, model: torch.nn.Module) -> None:
+        with self._lock:
+            if self.in_flight:
+                self.pushes_during_requests += 1
+            self.engine.load_state_dict(model.state_dict())
+            self.loaded = fingerprint(model)
+
+    def get_server_info(self) -> dict:
+        return {"model_config": {"logprobs_mode": "processed_logprobs"}}
+
+    def reset_prefix_cache(self) -> None:
+        pass
+
+    @torch.no_grad()
+    def generate(self, prompts, features=None, n=1, repetition_penalty=1.0, temperature=1.0, top_p=1.0, top_k=0,
+                 min_p=0.0, max_tokens=16, logprobs=0, structured_outputs_regex=None, generation_kwargs=None):  # fmt: skip
+        with self._lock:
+            self.in_flight += 1
+            weights = self.loaded
+        try:
+            time.sleep(self.delay)
+            if self.fail:
+                raise ConnectionError("the stand-in server is down")
+            completion_ids, all_logps, all_ids = [], [], []
+            for prompt in prompts:
+                for _ in range(n):
+                    ids, seq_logps, seq_ids = [], [], []
+                    while len(ids) < max_tokens:
+                        logits = self.engine(input_ids=torch.tensor([list(prompt) + ids])).logits[0, -1].double()
+                        full = torch.log_softmax(logits / temperature, dim=-1)
+                        token = int(torch.multinomial(full.exp(), 1, generator=self._random))
+                        entries = torch.argsort(full, descending=True).tolist()[:logprobs] if logprobs else []
+                        entries = entries if token in entries else [*entries, token]
+                        ids.append(token)
+                        seq_ids.append(entries)
+                        seq_logps.append([float(full[e]) for e in entries])
+                        if token == self.eos_token_id:
+                            break
+                    completion_ids.append(ids)
+                    all_logps.append(seq_logps)
+                    all_ids.append(seq_ids)
+            self.requests.append(
+                {"weights": weights, "prompts": [list(p) for p in prompts], "thread": threading.current_thread()}
+            )
+            return {"prompt_ids": prompts, "completion_ids": completion_ids, "logprobs": all_logps,
+                    "logprob_token_ids": all_ids}  # fmt: skip
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+
+class ServerModeGeneration:
+    """Stand-in for ``trl.generation.vllm_generation.VLLMGeneration`` in server mode (single process): its sampling
+    settings, ``vllm_client``, ``sync_weights`` (pushes the model's current weights) and ``generate`` (TRL's
+    synchronous path: one request for the unique prompts)."""
+
+    def __init__(self, *, model, mode, temperature, top_p, top_k, min_p, repetition_penalty, max_completion_length,
+                 logprobs, structured_outputs_regex, generation_kwargs, processing_class, **kwargs):  # fmt: skip
+        assert mode == "server"
+        self.model, self.mode = model, mode
+        self.temperature, self.top_p, self.top_k, self.min_p = temperature, top_p, top_k, min_p
+        self.repetition_penalty, self.max_completion_length = repetition_penalty, max_completion_length
+        self.logprobs, self.structured_outputs_regex = logprobs, structured_outputs_regex
+        self.generation_kwargs = generation_kwargs or {}
+        self.vllm_client = StandInServer(model, processing_class.eos_token_id)
+        self.synchronous: list[float | None] = []  # the server's weights at each of TRL's own generate calls
+
+    def sync_weights(self):
+        self.vllm_client.load(self.model)
+
+    def generate(self, prompts, images, num_generations, profiler=None):
+        self.synchronous.append(self.vllm_client.loaded)
+        output = self.vllm_client.generate(
+            prompts=prompts[::num_generations],
+            n=num_generations,
+            temperature=self.temperature,
+            max_tokens=self.max_completion_length,
+            logprobs=self.logprobs,
+        )
+        return prompts, output["completion_ids"], output["logprobs"], output["logprob_token_ids"]
+
+
+@pytest.fixture
+def server_standin(monkeypatch):
+    monkeypatch.setattr(trl_grpo, "VLLMGeneration", ServerModeGeneration)
+
+
+class Timeline(TrainerCallback):
+    """The weights at each generation step (from the trainer's own snapshots) and, at the end of each optimizer
+    step, the generation steps already sent to the server."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.weights: list[float] = []
+        self.sent_at_step_end: list[set[int]] = []
+        record = trainer.behaviour.record
+
+        def recorded(params):
+            self.weights.append(round(sum(float(p.detach().double().sum()) for p in params.values()), 9))
+            return record(params)
+
+        trainer.behaviour.record = recorded
+
+    def on_step_end(self, args, state, control, **kwargs):
+        pipeline = self.trainer.pipeline
+        self.sent_at_step_end.append(set(pipeline._jobs) if pipeline._generator is not None else set())
+
+
+def _trainer(model_path, tmp_path, config_cls=tr.ReasoningConfig, trainer_cls=tr.ReasoningTrainer, **overrides):
+    settings = dict(
+        use_vllm=True,
+        vllm_mode="server",
+        async_rollouts=True,
+        async_generator="server",
+        max_staleness=2,
+        max_steps=6,
+        max_completion_length=6,
+    )
+    settings.update(overrides)
+    args = config_cls(**cpu_args(output_dir=str(tmp_path), **settings))
+    eval_dataset = make_prompts(8) if settings.get("eval_strategy", "no") != "no" else None
+    return trainer_cls(
+        model=model_path,
+        reward_funcs=digit_fraction,
+        args=args,
+        train_dataset=make_prompts(16),
+        eval_dataset=eval_dataset,
+    )
+
+
+def _ahead_requests(trainer) -> list[dict]:
+    return [r for r in trainer.vllm_generation.vllm_client.requests if r["thread"] is not threading.main_thread()]
+
+
+@pytest.mark.parametrize(
+    ("config_cls", "trainer_cls", "overrides"),
+    [
+        (tr.ReasoningConfig, tr.ReasoningTrainer, dict(policy_loss="clip")),
+        (tr.CISPOConfig, tr.CISPOTrainer, dict(dynamic_sampling=False)),  # extra rounds: the next test
+        (tr.DPPOConfig, tr.DPPOTrainer, {}),
+        (tr.DAPOConfig, tr.DAPOTrainer, dict(dynamic_sampling=False)),
+    ],
+    ids=["clip", "cispo", "dppo", "dapo"],
+)
+def test_each_batch_is_sampled_ahead_by_the_weights_of_k_steps_earlier(
+    config_cls, trainer_cls, overrides, server_standin, tiny_model_path, tmp_path
+):
+    k, steps = 2, 6
+    trainer = _trainer(tiny_model_path, tmp_path, config_cls, trainer_cls, max_staleness=k, **overrides)
+    timeline = Timeline(trainer)
+    trainer.add_callback(timeline)
+    trainer.train()
+    server = trainer.vllm_generation.vllm_client
+    requests = _ahead_requests(trainer)
+    # one request per trained batch, from the background thread, sampled by the weights of step max(g - k, 0)
+    assert len(requests) == steps and not trainer.vllm_generation.synchronous
+    assert [r["weights"] for r in requests] == [timeline.weights[max(g - k, 0)] for g in range(steps)]
+    assert len(set(timeline.weights)) == steps, "the weights did not change at every step: the check is vacuous"
+    # sent ahead: when optimizer step s ends, the batch of step s + k is already with the server
+    for s, sent in enumerate(timeline.sent_at_step_end):
+        if s + k < steps:
+            assert s + k in sent, f"the batch of step {s + k} was not sent by the end of step {s}"
+    assert server.pushes_during_requests == 0
+    assert logged_metric(trainer, "async/staleness") == [float(min(g, k)) for g in range(steps)]
+    assert all(torch.isfinite(torch.tensor(logged_metric(trainer, "loss"))))
+    assert logged_metric(trainer, "sampling/importance_sampling_ratio/mean"), "TRL's IS correction did not run"
+    assert trainer.pipeline._generator is None, "the request thread outlived train()"
+
+
+def test_evaluation_and_extra_rounds_use_the_servers_right_weights(server_standin, tiny_model_path, tmp_path):
+    """TRL's own vLLM generation in between (an evaluation with the current weights, dynamic sampling's extra rounds
+    with the behaviour weights) waits for the requests in flight, and the next batch sent ahead gets its weights
+    pushed again."""
+    k, steps = 1, 6
+    trainer = _trainer(
+        tiny_model_path,
+        tmp_path,
+        tr.DAPOConfig,
+        tr.DAPOTrainer,
+        max_staleness=k,
+        max_steps=steps,
+        max_num_gen_batches=3,
+        eval_strategy="steps",
+        eval_steps=2,
+        per_device_eval_batch_size=8,
+    )
+    timeline = Timeline(trainer)
+    trainer.add_callback(timeline)
+    calls = []  # (generation step, training?, the server's weights) of TRL's own generate calls
+    generate = trainer.vllm_generation.generate
+
+    def recorded(*args, **kwargs):
+        output = generate(*args, **kwargs)
+        calls.append(
+            (trainer.behaviour.generation_steps - 1, trainer.model.training, trainer.vllm_generation.synchronous[-1])
+        )
+        return output
+
+    trainer.vllm_generation.generate = recorded
+    trainer.train()
+    requests = _ahead_requests(trainer)
+    assert [r["weights"] for r in requests] == [timeline.weights[max(g - k, 0)] for g in range(steps)]
+    evaluations = [weights for _, training, weights in calls if not training]
+    assert evaluations, "no evaluation ran"
+    extra_rounds = [(g, weights) for g, training, weights in calls if training]
+    assert all(weights == timeline.weights[max(g - k, 0)] for g, weights in extra_rounds)
+    assert trainer.vllm_generation.vllm_client.pushes_during_requests == 0
+    assert logged_metric(trainer, "eval_loss") or logged_metric(trainer, "eval_reward")
+
+
+def test_dppo_topk_takes_the_servers_own_top_k(server_standin, tiny_model_path, tmp_path):
+    trainer = _trainer(
+        tiny_model_path, tmp_path, tr.DPPOConfig, tr.DPPOTrainer, dppo_divergence="topk_tv", dppo_topk=3, max_steps=3
+    )
+    kept = []
+    rollout_topk = trainer._engine_rollout_topk
+
+    def recorded(output):
+        kept.append(list(trainer._engine_topk))
+        return rollout_topk(output)
+
+    trainer._engine_rollout_topk = recorded
+    trainer.train()
+    assert len(kept) == 3 and all(len(call) == 1 for call in kept), "DPPO did not read the server's top-K"
+    assert all(len(entries) >= 3 for call in kept for seq in call[0][2] for entries in seq)
+    assert all(torch.isfinite(torch.tensor(logged_metric(trainer, "loss"))))
+
+
+@pytest.mark.parametrize("how", ["fails", "hangs"])
+def test_a_server_that_fails_or_hangs_is_an_error_in_bounded_time(how, server_standin, tiny_model_path, tmp_path):
+    trainer = _trainer(tiny_model_path, tmp_path, async_timeout=3.0, max_steps=4)
+    server = trainer.vllm_generation.vllm_client
+    if how == "fails":
+        server.fail = True
+    else:
+        server.delay = 30.0
+    started = time.monotonic()
+    match = "request for generation step 0 failed" if how == "fails" else "did not .* within 3 s"
+    with pytest.raises(GeneratorError, match=match):
+        trainer.train()
+    assert time.monotonic() - started < 25
+
+
+def test_server_generator_refusals(tiny_model_path, tmp_path):
+    with pytest.raises(ValueError, match="async_generator='server'.*use_vllm=True and vllm_mode='server'"):
+        tr.ReasoningConfig(**cpu_args(), async_rollouts=True, max_staleness=1, async_generator="server")
+    with pytest.raises(ValueError, match="async_generator='server'.*max_staleness >= 1"):
+        tr.ReasoningConfig(
+            **cpu_args(), use_vllm=True, vllm_mode="server", async_rollouts=True, max_staleness=0,
+            async_generator="server",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="async_generator must be 'inline', 'process' or 'server'"):
+        tr.ReasoningConfig(**cpu_args(), async_generator="thread")
+
+
+def test_server_generator_refuses_more_than_one_generation_per_step(server_standin, tiny_model_path, tmp_path):
+    with pytest.raises(ValueError, match="async_generator='server' does not support more or less than one"):
+        _trainer(tiny_model_path, tmp_path, steps_per_generation=2)
