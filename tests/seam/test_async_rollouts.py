@@ -429,6 +429,23 @@ def test_the_generator_process_ships_only_the_adapters_of_a_lora_run(tiny_model_
     assert all(math.isfinite(x) for x in logged_metric(trainer, "loss"))
 
 
+def test_the_worker_samples_with_the_trainers_generation_config_and_a_kv_cache(tiny_model_path, tmp_path):
+    """The Trainer sets ``config.use_cache=False`` (a training setting); a model rebuilt from that config alone would
+    sample without a KV cache (5x slower on SmolLM2-135M). The worker's copy keeps the model's generation config."""
+    from trl_reasoning.generator_process import _rebuild, model_recipe
+
+    trainer = _trainer(tiny_model_path, tmp_path, max_staleness=1, async_generator="process")
+    model = trainer.model
+    assert model.config.use_cache is False, "the Trainer no longer turns the cache off: this test is vacuous"
+    model.generation_config.no_repeat_ngram_size = 3  # any setting of the model's own generation config
+    rebuilt = _rebuild(model_recipe(model))
+    assert rebuilt.generation_config.to_dict() == model.generation_config.to_dict()
+    output = rebuilt.generate(
+        input_ids=torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False, return_dict_in_generate=True
+    )
+    assert output.past_key_values is not None, "the worker generates without a KV cache"
+
+
 def _stop_worker_at(trainer, step: int, how: str):
     class Stop(StopAt):
         def on_step_end(self, args, state, control, **kwargs):
