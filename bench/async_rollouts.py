@@ -1,19 +1,22 @@
 """Throughput of asynchronous rollouts against the synchronous run, same preset, in one run of this script.
 
     python bench/async_rollouts.py --model real --steps 10 --seeds 0 1 2   # SmolLM2-135M-Instruct, LoRA
+    python bench/async_rollouts.py --model real --preset CISPO --arms sync-1t sync-2t process-k2
     python bench/async_rollouts.py --model tiny --steps 30 --seeds 0 1 2   # the tiny Qwen2 of the tests
 
 Arms (each a fresh process per seed, interleaved so that the machine's load hits every arm alike):
 
 - ``sync-1t`` / ``sync-2t``: the synchronous run with one / two torch threads;
 - ``process-k{K}``: ``async_rollouts=True, max_staleness=K, async_generator="process"``: the trainer (one thread) and
-  the generator process (one thread) each on a core;
+  the generator process (one thread) each on a core; ``process2t-k{K}``: the trainer on two threads beside it;
 - ``inline-k{K}``: the same lag sampled in the training process (no overlap): what the lag alone costs.
 
 For each arm: seconds per optimizer step (after ``--warmup`` steps, the worker's start excluded), trained completion
-tokens per second, the ratio of throughputs to ``sync-1t`` paired by seed (mean of log ratios, 95% t interval), the
-training reward of the last 5 steps, and for the process generator the share of its generation time the trainer
-still waited for (0: fully overlapped). Recorded in ``bench/RESULTS.md``; the runs in ``bench/async_runs.json``.
+tokens per second, the ratio of throughputs to ``sync-1t`` and to ``sync-2t`` paired by seed (mean of log ratios, 95%
+t interval), the training reward of the last 5 steps, and where the step's time went: the seconds spent in the
+trainer's ``_generate`` (sampling, or the wait for the generator process: 0 when generation is fully hidden), the rest
+of the trainer's step, and the generator process's own seconds per batch. Recorded in ``bench/RESULTS.md``; the runs
+in ``bench/async_runs.json``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import t_interval  # noqa: E402
+from _common import t_interval, trainer_classes  # noqa: E402
 from _results import record  # noqa: E402
 
 RUNS = Path(__file__).with_name("async_runs.json")
@@ -44,15 +47,17 @@ def arm_settings(arm: str) -> tuple[int, dict]:
     if arm.startswith("sync-"):
         return int(arm.removeprefix("sync-").removesuffix("t")), {"async_rollouts": False}
     generator, k = arm.split("-k")
-    return 1, {"async_rollouts": True, "max_staleness": int(k), "async_generator": generator}
+    threads = 1
+    if generator.endswith("2t"):  # the trainer on two threads beside the one-thread generator process
+        generator, threads = generator.removesuffix("2t"), 2
+    return threads, {"async_rollouts": True, "max_staleness": int(k), "async_generator": generator}
 
 
-def worker(model: str, arm: str, seed: int, steps: int, warmup: int) -> dict:
+def worker(model: str, arm: str, seed: int, steps: int, warmup: int, preset: str = "DAPO") -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    import trl_reasoning as tr
     from trl_reasoning.demo.tiny import cpu_config_kwargs
 
     threads, overrides = arm_settings(arm)
@@ -92,8 +97,9 @@ def worker(model: str, arm: str, seed: int, steps: int, warmup: int) -> dict:
         extra = dict(reward_funcs=digit_reward, train_dataset=Dataset.from_list(prompts))
     settings.update(output_dir=output_dir, max_steps=warmup + steps, seed=seed, logging_steps=1, report_to="none")
     settings.update(overrides)
-    args = tr.DAPOConfig(**settings)
-    trainer = tr.DAPOTrainer(model=path, args=args, **extra)
+    config_class, trainer_class = trainer_classes(preset)
+    args = config_class(**settings)
+    trainer = trainer_class(model=path, args=args, **extra)
 
     class Clock(TrainerCallback):
         def __init__(self):
@@ -104,6 +110,18 @@ def worker(model: str, arm: str, seed: int, steps: int, warmup: int) -> dict:
 
     clock = Clock()
     trainer.add_callback(clock)
+    generating: list[float] = []  # seconds in the trainer's _generate per training step: sampling, or the wait for it
+    generate = trainer._generate
+
+    def timed(prompts):
+        started = time.perf_counter()
+        try:
+            return generate(prompts)
+        finally:
+            if trainer.model.training:
+                generating.append(time.perf_counter() - started)
+
+    trainer._generate = timed
     trainer.train()
     history = [entry for entry in trainer.state.log_history if "loss" in entry]
     measured = history[warmup:]
@@ -114,12 +132,14 @@ def worker(model: str, arm: str, seed: int, steps: int, warmup: int) -> dict:
     wait = [entry["async/wait_seconds"] for entry in measured if "async/wait_seconds" in entry]
     return {
         "model": model,
+        "preset": preset,
         "arm": arm,
         "seed": seed,
         "steps": steps,
         "seconds_per_step": seconds / steps,
         "tokens_per_second": tokens / seconds,
         "reward_last5": statistics.fmean(entry["reward"] for entry in history[-5:]),
+        "in_trainer_generation_seconds": statistics.fmean(generating[warmup:]),
         "generation_seconds": statistics.fmean(generation) if generation else None,
         "wait_seconds": statistics.fmean(wait) if wait else None,
         "load": os.getloadavg()[0],
@@ -130,16 +150,22 @@ def _runs() -> dict:
     return json.loads(RUNS.read_text()) if RUNS.exists() else {}
 
 
+def _key(options, arm: str, seed: int) -> str:
+    preset = "" if options.preset == "DAPO" else f"{options.preset}/"  # DAPO's keys predate --preset
+    return f"{options.model}/{preset}{arm}/{seed}/{options.steps}"
+
+
 def collect(options) -> None:
     """Every (seed, arm) in a fresh process, arms interleaved within a seed; finished runs are kept and skipped."""
     for seed in options.seeds:
         for arm in options.arms:
-            key = f"{options.model}/{arm}/{seed}/{options.steps}"
+            key = _key(options, arm, seed)
             if key in _runs():
                 continue
             with tempfile.TemporaryDirectory() as tmp:
                 out = os.path.join(tmp, "result.json")
-                command = [sys.executable, __file__, "--worker", json.dumps([options.model, arm, seed]), "--out", out]
+                job = json.dumps([options.model, arm, seed, options.preset])
+                command = [sys.executable, __file__, "--worker", job, "--out", out]
                 command += ["--steps", str(options.steps), "--warmup", str(options.warmup)]
                 result = subprocess.run(command, capture_output=True, text=True)
                 if result.returncode != 0:
@@ -151,40 +177,48 @@ def collect(options) -> None:
             print(f"{key}: {run['seconds_per_step']:.2f} s/step, {run['tokens_per_second']:.1f} tokens/s", flush=True)
 
 
+def _ratio(seeds: dict, base: dict) -> str:
+    """Throughput of ``seeds`` over ``base``, paired by seed: geometric mean and 95% t interval."""
+    paired = [math.log(seeds[s]["tokens_per_second"] / base[s]["tokens_per_second"]) for s in seeds if s in base]
+    if len(paired) < 2:
+        return "–"
+    mean, low, high = t_interval(paired)
+    return f"{math.exp(mean):.2f}x [{math.exp(low):.2f}, {math.exp(high):.2f}]"
+
+
+def _mean(seeds: dict, field: str) -> str:
+    values = [r[field] for r in seeds.values() if r.get(field) is not None]
+    return f"{statistics.fmean(values):.2f}" if values else "–"
+
+
 def summarize(options) -> str:
-    runs = _runs()
-    by_arm = {
-        arm: {
-            r["seed"]: r
-            for k, r in runs.items()
-            if k.startswith(f"{options.model}/{arm}/") and r["steps"] == options.steps
-        }
-        for arm in options.arms
-    }
-    base = by_arm["sync-1t"]
+    runs = {_key(options, arm, seed): arm for arm in options.arms for seed in range(100)}
+    by_arm: dict[str, dict] = {arm: {} for arm in options.arms}
+    for key, run in _runs().items():
+        if key in runs:
+            by_arm[runs[key]][run["seed"]] = run
     lines = [
-        "| arm | seeds | s/step (median) | trained tokens/s (mean) | throughput vs sync-1t, mean [95% t interval] "
-        "| reward, last 5 steps | generation s/batch (worker) | waited s/batch |",
-        "|---|---:|---:|---:|---|---:|---:|---:|",
+        "| arm | seeds | s/step (median) | trained tokens/s (mean) | vs sync-1t [95% t] | vs sync-2t [95% t] "
+        "| reward, last 5 steps | in the trainer's generate, s/step | trainer's own work, s/step "
+        "| generator process, s/batch |",
+        "|---|---:|---:|---:|---|---|---:|---:|---:|---:|",
     ]
     for arm, seeds in by_arm.items():
-        paired = [math.log(seeds[s]["tokens_per_second"] / base[s]["tokens_per_second"]) for s in seeds if s in base]
-        if len(paired) >= 2:
-            mean, low, high = t_interval(paired)
-            ratio = f"{math.exp(mean):.2f}x [{math.exp(low):.2f}, {math.exp(high):.2f}]"
-        else:
-            ratio = "–"
-        generation = [r["generation_seconds"] for r in seeds.values() if r["generation_seconds"] is not None]
-        wait = [r["wait_seconds"] for r in seeds.values() if r["wait_seconds"] is not None]
+        if not seeds:
+            continue
+        step = statistics.median(r["seconds_per_step"] for r in seeds.values())
+        in_generate = [r.get("in_trainer_generation_seconds") for r in seeds.values()]
+        own = (
+            f"{statistics.fmean(r['seconds_per_step'] - r['in_trainer_generation_seconds'] for r in seeds.values()):.2f}"
+            if None not in in_generate
+            else "–"
+        )
         lines.append(
-            f"| {arm} | {len(seeds)} | {statistics.median(r['seconds_per_step'] for r in seeds.values()):.2f} "
-            f"| {statistics.fmean(r['tokens_per_second'] for r in seeds.values()):.1f} | {ratio} "
+            f"| {arm} | {len(seeds)} | {step:.2f} "
+            f"| {statistics.fmean(r['tokens_per_second'] for r in seeds.values()):.1f} "
+            f"| {_ratio(seeds, by_arm.get('sync-1t', {}))} | {_ratio(seeds, by_arm.get('sync-2t', {}))} "
             f"| {statistics.fmean(r['reward_last5'] for r in seeds.values()):.3f} "
-            f"| {statistics.fmean(generation):.2f} | {statistics.fmean(wait):.2f} |"
-            if generation
-            else f"| {arm} | {len(seeds)} | {statistics.median(r['seconds_per_step'] for r in seeds.values()):.2f} "
-            f"| {statistics.fmean(r['tokens_per_second'] for r in seeds.values()):.1f} | {ratio} "
-            f"| {statistics.fmean(r['reward_last5'] for r in seeds.values()):.3f} | – | – |"
+            f"| {_mean(seeds, 'in_trainer_generation_seconds')} | {own} | {_mean(seeds, 'generation_seconds')} |"
         )
     loads = [r["load"] for seeds in by_arm.values() for r in seeds.values()]
     what = (
@@ -193,19 +227,23 @@ def summarize(options) -> str:
         else "the tiny Qwen2 of the tests (16 completions of ≤ 32 tokens a step)"
     )
     table = (
-        f"DAPO (dynamic sampling off) on {what}, {options.steps} steps after {options.warmup} warm-up steps, seeds "
-        f"{sorted({s for seeds in by_arm.values() for s in seeds})}, each run a fresh process. Load average during the "
+        f"{options.preset} (dynamic sampling off) on {what}, {options.steps} steps after {options.warmup} warm-up "
+        f"steps, seeds {sorted({s for seeds in by_arm.values() for s in seeds})}, each run a fresh process. In the "
+        "trainer's generate: sampling (synchronous and inline arms) or the wait for the generator process; the "
+        "trainer's own work: the rest of its step (scoring, forward, backward, optimizer). Load average during the "
         f"runs: median {statistics.median(loads):.1f} (max {max(loads):.1f}) on {os.cpu_count()} CPU threads.\n\n"
         + "\n".join(lines)
     )
     print(table)
-    record(f"Asynchronous rollouts: throughput ({options.model} model)", table)
+    preset = "" if options.preset == "DAPO" else f", {options.preset}"
+    record(f"Asynchronous rollouts: throughput ({options.model} model{preset})", table)
     return table
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["tiny", "real"], default="tiny")
+    parser.add_argument("--preset", default="DAPO", help="a preset's name (DAPO, CISPO, ScaleRL, ...)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -215,11 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.worker:
-        model, arm, seed = json.loads(options.worker)
-        Path(options.out).write_text(json.dumps(worker(model, arm, seed, options.steps, options.warmup)))
+        model, arm, seed, preset = json.loads(options.worker)
+        Path(options.out).write_text(json.dumps(worker(model, arm, seed, options.steps, options.warmup, preset)))
         return
-    if "sync-1t" not in options.arms:
-        parser.error("--arms must include sync-1t, the baseline of the ratios")
     if not options.summarize:
         collect(options)
     summarize(options)

@@ -153,11 +153,13 @@ def test_gpu_bench_smoke_and_its_cuda_requirement():
 
 def test_async_rollouts_bench_worker_runs_both_generators():
     bench = _load("async_rollouts")
-    for arm in ("sync-1t", "process-k1"):
-        run = bench.worker("tiny", arm, seed=0, steps=2, warmup=1)
+    for arm, preset in (("sync-1t", "DAPO"), ("process-k1", "CISPO")):
+        run = bench.worker("tiny", arm, seed=0, steps=2, warmup=1, preset=preset)
         assert run["arm"] == arm and run["tokens_per_second"] > 0 and math.isfinite(run["reward_last5"])
+        assert run["preset"] == preset and 0 < run["in_trainer_generation_seconds"] < run["seconds_per_step"]
     assert run["generation_seconds"] is not None and run["wait_seconds"] is not None
     assert bench.arm_settings("process-k8") == (
         1,
         {"async_rollouts": True, "max_staleness": 8, "async_generator": "process"},
     )
+    assert bench.arm_settings("process2t-k2")[0] == 2

@@ -165,9 +165,10 @@ class ReasoningConfig(GRPOConfig):
             that behaviour policy `μ` are recorded at generation time, and TRL's own importance-sampling correction
             between `π_old` and `μ` applies (`vllm_importance_sampling_*`, as for vLLM); losses whose ratio is
             defined against the sampler take `μ` directly (DPPO's ratio and mask, CISPO's capped weight). Works with
-            HF `generate` and with vLLM (the engine is synced with the behaviour weights). Generation runs in the
-            training process between optimizer steps: the lag is the algorithm's, not (yet) an overlap in time.
-            Logged: `async/staleness`, TRL's `sampling/importance_sampling_ratio/*` and `async/is_weight_changed`.
+            HF `generate` and with vLLM (the engine is synced with the behaviour weights). Where the batches are
+            sampled is `async_generator`'s choice (in the training process by default: the lag without an overlap).
+            Logged: `async/staleness`, TRL's `sampling/importance_sampling_ratio/*` and `async/is_weight_changed`
+            (losses that use TRL's correction), `async/sampler_ratio/{mean,abs_log_mean}` (CISPO, DPPO: `π_θ / μ`).
             `None` (ScaleRL's default): on wherever the run supports it, synchronous with a warning where it does not
             (a vision-language model sampled by `generate`, whose sampler log-probabilities are not recorded; FSDP or
             DeepSpeed ZeRO-3, whose processes hold only shards of the weights to snapshot). `True` refuses those runs

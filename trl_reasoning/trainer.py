@@ -544,15 +544,22 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _sampler_correction(self):
         """TRL computes its importance-sampling correction between ``pi_old`` and the sampler's log-probs only when
         ``use_vllm``: an asynchronous training batch takes that same path (TRL's code, modes and metrics), so
-        ``use_vllm`` reads True while TRL scores it (``_generate`` restores the real backend for generation)."""
-        if self.behaviour is None or not self.model.training or self._generates_with_vllm:
+        ``use_vllm`` reads True while TRL scores it (``_generate`` restores the real backend for generation).
+
+        A loss that takes its ratio against the sampler itself (CISPO, DPPO) never applies that correction, so TRL is
+        not asked for it: that skips TRL's extra no-grad forward for ``pi_old`` (a quarter of a step on SmolLM2-135M),
+        which then only fed the correction. Where TRL still needs ``pi_old`` (more than one update per batch) it
+        computes it anyway; otherwise ``pi_old = pi_theta`` and the loss takes ``per_token_logps.detach()``."""
+        if self.behaviour is None or not self.model.training:
             yield
             return
+        saved = self.use_vllm, self.vllm_importance_sampling_correction
         self.use_vllm = True
+        self.vllm_importance_sampling_correction = saved[1] and self._uses_trl_is_ratio()
         try:
             yield
         finally:
-            self.use_vllm = False
+            self.use_vllm, self.vllm_importance_sampling_correction = saved
 
     # ------------------------------------------------------------------ TRL private override 7 of 7
     def _generate(self, prompts):
@@ -915,6 +922,17 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         per_token_loss = self._apply_trl_token_masks(
             per_token_loss, inputs, per_token_logps, old_per_token_logps, advantages, mask, entropy_mask
         )
+        sampler = inputs.get("sampling_per_token_logps")
+        if (
+            self.behaviour is not None
+            and self.model.training
+            and sampler is not None
+            and not self._uses_trl_is_ratio()
+        ):
+            # the spread of pi_theta / mu, the ratio CISPO and DPPO weight by (TRL's sampling/* metrics are not made)
+            log_ratio = torch.nan_to_num(per_token_logps.detach() - sampler)
+            stats["async/sampler_ratio/mean"] = log_ratio.exp()
+            stats["async/sampler_ratio/abs_log_mean"] = log_ratio.abs()
         if self.beta == 0.0 or args.kl_in_reward:
             return per_token_loss, None, stats
         per_token_kl = k3_kl(
@@ -980,15 +998,18 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             )
         if entropy_mask is not None:
             per_token_loss = per_token_loss * entropy_mask
-        loss = self.args.policy_loss
         if (
             "importance_sampling_ratio" in inputs  # TRL's correction is on and the batch was sampled by vLLM or late
-            and not POLICY_LOSSES.trait(loss, "ratio_to_rollout", False)
-            and not POLICY_LOSSES.trait(loss, "own_is_correction", False)
-            and not self._ratio_to_sampler()
+            and self._uses_trl_is_ratio()
+            and not POLICY_LOSSES.trait(self.args.policy_loss, "own_is_correction", False)  # VESPO: in its weight
         ):
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
         return per_token_loss
+
+    def _uses_trl_is_ratio(self) -> bool:
+        """Whether the loss uses TRL's vLLM importance-sampling ratio: not when its own ratio is taken against the
+        rollout engine or the sampler (DPPO, CISPO on an asynchronous batch: the mismatch would count twice)."""
+        return not (POLICY_LOSSES.trait(self.args.policy_loss, "ratio_to_rollout", False) or self._ratio_to_sampler())
 
     # ------------------------------------------------------------------ non-finite loss guard
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

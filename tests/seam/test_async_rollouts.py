@@ -190,15 +190,28 @@ def test_each_loss_takes_the_ratio_it_is_defined_with(policy_loss, tiny_model_pa
     )
     inputs = _stale_batch(trainer)
     mask = inputs["completion_mask"].float()
-    mu, old = inputs["sampling_per_token_logps"], inputs["old_per_token_logps"]
+    mu = inputs["sampling_per_token_logps"]
+    if policy_loss == "clip":
+        old = inputs["old_per_token_logps"]
+        # TRL's token_truncate correction between pi_old and mu, exactly
+        want_ratio = torch.clamp(torch.exp((old - mu) * mask), max=3.0)
+        torch.testing.assert_close(inputs["importance_sampling_ratio"] * mask, want_ratio * mask)
+    else:
+        # TRL's correction is never applied to a ratio against the sampler, so TRL is not asked for it nor for its
+        # extra forward: in one update per batch pi_old is pi_theta, which the loss takes from its own forward
+        assert "old_per_token_logps" not in inputs and "importance_sampling_ratio" not in inputs
+        with torch.no_grad():
+            old = trainer.behaviour_logps(inputs)
     assert float(((mu - old).abs() * mask).max()) > 1e-4, "the batch is not stale"
-    # TRL's token_truncate correction between pi_old and mu, exactly
-    want_ratio = torch.clamp(torch.exp((old - mu) * mask), max=3.0)
-    torch.testing.assert_close(inputs["importance_sampling_ratio"] * mask, want_ratio * mask)
 
     logps = (old + 0.05 * torch.randn_like(old)).requires_grad_()
     advantages = inputs["advantages"].unsqueeze(1)
-    per_token, _, _ = trainer._per_token_objective(inputs, logps, None, mask, None)
+    per_token, _, stats = trainer._per_token_objective(inputs, logps, None, mask, None)
+    if policy_loss != "clip":
+        torch.testing.assert_close(stats["async/sampler_ratio/mean"], torch.exp(logps.detach() - mu))
+        # pi_old from TRL's forward would not have changed the loss: it enters only where mu is missing (NaN)
+        with_old, _, _ = trainer._per_token_objective({**inputs, "old_per_token_logps": old}, logps, None, mask, None)
+        torch.testing.assert_close(with_old * mask, per_token * mask)
     if policy_loss == "clip":
         want = clip_loss(logps, old, advantages, mask, 0.2, 0.28) * inputs["importance_sampling_ratio"]
     elif policy_loss == "cispo":
@@ -222,7 +235,10 @@ def test_staleness_zero_trains_as_the_synchronous_run(policy_loss, tiny_model_pa
         trainer = _trainer(tiny_model_path, tmp_path / name, policy_loss=policy_loss, max_steps=3, **settings)
         trainer.train()
         runs[name] = (logged_metric(trainer, "loss"), dict(trainer.model.named_parameters()))
-    assert logged_metric(trainer, "sampling/importance_sampling_ratio/mean") == [1.0, 1.0, 1.0]
+    if policy_loss == "clip":
+        assert logged_metric(trainer, "sampling/importance_sampling_ratio/mean") == [1.0, 1.0, 1.0]
+    else:  # the ratio against the sampler, from the loss's own forward
+        torch.testing.assert_close(torch.tensor(logged_metric(trainer, "async/sampler_ratio/mean")), torch.ones(3))
     torch.testing.assert_close(torch.tensor(runs["k0"][0]), torch.tensor(runs["sync"][0]), atol=1e-6, rtol=1e-5)
     for name, param in runs["sync"][1].items():
         torch.testing.assert_close(runs["k0"][1][name], param, atol=1e-6, rtol=1e-5)

@@ -211,7 +211,10 @@ def test_each_batch_is_sampled_ahead_by_the_weights_of_k_steps_earlier(
     assert server.pushes_during_requests == 0
     assert logged_metric(trainer, "async/staleness") == [float(min(g, k)) for g in range(steps)]
     assert all(torch.isfinite(torch.tensor(logged_metric(trainer, "loss"))))
-    assert logged_metric(trainer, "sampling/importance_sampling_ratio/mean"), "TRL's IS correction did not run"
+    if trainer.args.policy_loss in ("cispo", "dppo"):  # their ratio is against the server's log-probs
+        assert logged_metric(trainer, "async/sampler_ratio/mean"), "the ratio to the sampler was not logged"
+    else:
+        assert logged_metric(trainer, "sampling/importance_sampling_ratio/mean"), "TRL's IS correction did not run"
     assert trainer.pipeline._generator is None, "the request thread outlived train()"
 
 
