@@ -40,6 +40,7 @@ from trl import GRPOTrainer
 
 import trl_reasoning as tr
 from trl_reasoning import trainer as seam
+from trl_reasoning.checkpoints import SAMPLING_STATE_FILE
 from trl_reasoning.rewards import RewardTimeoutError
 
 DOC = Path(__file__).parents[1] / "docs" / "RELIABILITY.md"
@@ -650,7 +651,7 @@ def test_resume_matches_uninterrupted_run(name, tiny_model_path, tmp_path):
     full = _preset_run(name, tiny_model_path, tmp_path / "full")
     _preset_run(name, tiny_model_path, tmp_path / "split", stop_at=4)
     checkpoint = tmp_path / "split" / "checkpoint-4"
-    state = json.loads((checkpoint / seam.SAMPLING_STATE_FILE).read_text())
+    state = json.loads((checkpoint / SAMPLING_STATE_FILE).read_text())
     if name == "ScaleRL":
         assert state["retired_prompts"]["epoch_of"]  # the resumed run must restore it to match
     if name == "DAPO":

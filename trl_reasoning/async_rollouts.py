@@ -29,7 +29,7 @@ import torch
 from transformers import TrainerCallback
 
 from ._warnings import user_stacklevel
-from .generator_process import GenerationJob, GeneratorError, GeneratorProcess
+from .generator_process import GenerationJob, GeneratorError, GeneratorProcess, SamplingSettings, padded_batch
 from .server_generator import ServerGenerator
 
 BEHAVIOUR_WEIGHTS_FILE = "trl_reasoning_behaviour_weights.pt"
@@ -387,3 +387,219 @@ class AheadPipeline(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.close()
+
+
+def async_rollouts_for(host) -> AsyncRollouts | None:
+    """The asynchronous side of ``host``'s rollouts, or ``None`` when it trains synchronously (``async_rollouts``:
+    ``True`` is an error where the run cannot, ``None`` is on where it can and a warning where it cannot)."""
+    zero_stage = getattr(getattr(host.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0)
+    problem = async_rollouts_problem(
+        sharded=host.is_fsdp_enabled or (host.is_deepspeed_enabled and zero_stage == 3),
+        vision_language=host._is_vlm,
+        uses_vllm=host.use_vllm,
+    )
+    on = resolve_async_rollouts(host.args.async_rollouts, problem, type(host.args).__name__)
+    return AsyncRollouts(host) if on else None
+
+
+class AsyncRollouts:
+    """Where an asynchronous batch comes from (``async_rollouts=True``): the behaviour policy's weights
+    (:class:`BehaviourWeights`, saved in checkpoints), the pipeline that samples ahead (``async_generator="process"``
+    or ``"server"``), and TRL's own generation of a training batch with the behaviour weights swapped in.
+
+    The trainer (``host``, the seam) calls :meth:`begin_generation_step` at each generation step, :meth:`generate` in
+    place of TRL's ``_generate``, :meth:`scoring` around TRL's scoring of a batch, and lends it: ``trl_generate(prompts)``
+    (TRL's ``_generate``), ``behaviour_logps(output)``, ``tokenize_prompts(prompts)``, and TRL's state (``args``,
+    ``model``, ``accelerator``, ``use_vllm``, ``vllm_importance_sampling_correction``, ``_last_loaded_step``,
+    ``rollout_func``, ``vllm_generation``, ``_metrics``, ``_tokenizer``, ``_engine_topk`` and the sampling settings).
+    """
+
+    def __init__(self, host):
+        self.host = host
+        self.behaviour = BehaviourWeights(host.args.max_staleness)
+        self.generates_with_vllm = host.use_vllm  # use_vllm reads True while TRL scores a batch (see scoring)
+        self.generation_round = 0  # generation calls so far in this generation step (dynamic sampling: several)
+        self.pipeline = self._ahead_pipeline() if host.args.async_generator != "inline" else None
+        if self.pipeline is not None:
+            host.add_callback(self.pipeline)
+
+    def _ahead_pipeline(self) -> AheadPipeline:
+        """``async_generator="process"`` or ``"server"``: the pipeline that samples ahead, after checking the run fits
+        its generator."""
+        host, args = self.host, self.host.args
+        check_ahead_generator(
+            args.async_generator,
+            uses_vllm=host.use_vllm,
+            vllm_mode=getattr(host, "vllm_mode", None) if host.use_vllm else None,
+            tools=bool(host.tools) or host.environment_factories is not None,
+            vision_language=host._is_vlm,
+            one_generation_per_step=args.steps_per_generation * host.num_iterations
+            == args.gradient_accumulation_steps,
+            quantized=getattr(host.model, "is_loaded_in_4bit", False)
+            or getattr(host.model, "is_loaded_in_8bit", False),
+        )
+        if args.async_generator == "server":
+
+            def start_generator() -> ServerGenerator:
+                return ServerGenerator(
+                    vllm_generation=host.vllm_generation,
+                    accelerator=host.accelerator,
+                    push_weights=self._push_behaviour_weights,
+                    num_generations=host.num_generations,
+                    timeout=args.async_timeout,
+                )
+
+        else:
+            settings = SamplingSettings(
+                generation_config=host.generation_config,
+                pad_token_id=host._tokenizer.pad_token_id,
+                eos_token_ids=list(host.eos_token_ids),
+                temperature=host.temperature,
+                pad_to_multiple_of=host.pad_to_multiple_of,
+                batch_size=args.per_device_train_batch_size,
+            )
+
+            def start_generator() -> GeneratorProcess:
+                return GeneratorProcess(host.model, settings, args.async_timeout)
+
+        return AheadPipeline(
+            self.behaviour,
+            start_generator=start_generator,
+            tokenize=host.tokenize_prompts,
+            seed_of=lambda step: job_seed(args.seed, step, 0, host.accelerator.process_index),
+        )
+
+    def _push_behaviour_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """``async_generator="server"``: TRL's weight sync with ``weights`` swapped into the model; TRL's own paths
+        sync the current weights again before they next sample (evaluation)."""
+        with weights_swapped_in(trainable_parameters(self.host.model), weights):
+            self.host.vllm_generation.sync_weights()
+        self.host._last_loaded_step = -1
+
+    # --------------------------------------------------------------------------------------- at a generation step
+    def begin_generation_step(self) -> None:
+        """Record the weights of this generation step (a later batch's behaviour policy) and send the batches whose
+        behaviour weights now exist to the generator that samples ahead."""
+        self.behaviour.record(trainable_parameters(self.host.model))
+        self.generation_round = 0
+        if self.pipeline is not None:
+            self.pipeline.submit_ahead()
+
+    def batch_samples(self, epoch_iterator, num_batches: int) -> list:
+        """With a generator that samples ahead: the dataloader batches of this optimizer step, those of the next
+        ``max_staleness`` steps read ahead."""
+        return self.pipeline.read_ahead.take(epoch_iterator, num_batches, self.behaviour.generation_steps)
+
+    @contextlib.contextmanager
+    def scoring(self, uses_trl_is_ratio: bool) -> Iterator[None]:
+        """Around TRL's scoring of a training batch. TRL computes its importance-sampling correction between ``pi_old``
+        and the sampler's log-probs only when ``use_vllm``: an asynchronous batch takes that same path (TRL's code,
+        modes and metrics), so ``use_vllm`` reads True while TRL scores it (:meth:`generate` restores the real backend
+        for generation).
+
+        A loss that takes its ratio against the sampler itself (CISPO, DPPO: ``uses_trl_is_ratio=False``) never
+        applies that correction, so TRL is not asked for it: that skips TRL's extra no-grad forward for ``pi_old`` (a
+        quarter of a step on SmolLM2-135M), which then only fed the correction. Where TRL still needs ``pi_old`` (more
+        than one update per batch) it computes it anyway; otherwise ``pi_old = pi_theta`` and the loss takes its own
+        forward's log-probs."""
+        host = self.host
+        if not host.model.training:
+            yield
+            return
+        saved = host.use_vllm, host.vllm_importance_sampling_correction
+        host.use_vllm = True
+        host.vllm_importance_sampling_correction = saved[1] and uses_trl_is_ratio
+        try:
+            yield
+        finally:
+            host.use_vllm, host.vllm_importance_sampling_correction = saved
+
+    # ------------------------------------------------------------------------------------------------ generation
+    def generate(self, prompts):
+        """TRL's ``_generate`` for a training batch, with the behaviour weights swapped into the model (vLLM is synced
+        with them first) or collected from the generator that sampled ahead, and the sampled tokens' log-probabilities
+        under them recorded: vLLM returns them, ``generate`` does not, so they are computed with the same weights.
+        Evaluation samples with the current weights, as TRL does."""
+        host = self.host
+        if not host.model.training:
+            if self.pipeline is not None:
+                self.pipeline.release_engine()  # a vLLM server answers what it was sent ahead before it syncs anew
+            return host.trl_generate(prompts)
+        step, round_index = self.behaviour.generation_steps - 1, self.generation_round
+        self.generation_round += 1
+        staleness = self.behaviour.staleness
+        scoring_backend = host.use_vllm
+        host.use_vllm = self.generates_with_vllm
+        try:
+            if self.pipeline is not None and round_index == 0:
+                generated = self._collected(step, prompts)
+            else:
+                if self.pipeline is not None:
+                    self.pipeline.release_engine()
+                seed = job_seed(host.args.seed, step, round_index, host.accelerator.process_index)
+                with self.behaviour.swapped_in(trainable_parameters(host.model)), self._sampling_seed(seed):
+                    if host.use_vllm:
+                        host._last_loaded_step = -1  # sync the engine with the behaviour weights
+                    generated = host.trl_generate(prompts)
+                    if generated[4] is None:
+                        logps = self._sampled_token_logps(generated[0], generated[1])
+                        generated = (*generated[:4], logps, *generated[5:])
+        finally:
+            host.use_vllm = scoring_backend
+            if self.generates_with_vllm:
+                host._last_loaded_step = -1  # the engine holds the behaviour weights: sync before it samples again
+        host._metrics["train"]["async/staleness"].append(float(staleness))
+        return generated
+
+    def _collected(self, step: int, prompts):
+        """The batch the generator sampled ahead, through TRL's own ``rollout_func`` path of ``_generate`` (decoding,
+        completion metrics)."""
+        host = self.host
+        rollout = self.pipeline.collect(step, prompts)
+        own_rollout_func, backend = host.rollout_func, host.use_vllm
+        host.rollout_func = lambda _prompts, _trainer: rollout
+        host.use_vllm = False  # TRL would sync the current weights to a vLLM server that samples ahead with others
+        try:
+            generated = host.trl_generate(prompts)
+        finally:
+            host.rollout_func, host.use_vllm = own_rollout_func, backend
+        if host._engine_topk is not None and self.pipeline.last_ranked is not None:
+            host._engine_topk.append(self.pipeline.last_ranked)  # DPPO top-K: the server's own
+        # how much of the generator's time the trainer still waited for (0: fully overlapped)
+        host._metrics["train"]["async/generation_seconds"].append(self.pipeline.last_generation_seconds)
+        host._metrics["train"]["async/wait_seconds"].append(self.pipeline.last_wait_seconds)
+        return generated
+
+    def _sampling_seed(self, seed: int):
+        """With a lag, every generation call samples with its own seed (so the worker and the in-process generator
+        draw the same batch); ``max_staleness=0`` keeps the global RNG stream, exactly as a synchronous run."""
+        return seeded_sampling(seed) if self.behaviour.max_staleness > 0 else contextlib.nullcontext()
+
+    def _sampled_token_logps(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """The sampled tokens' log-probabilities under the model as it is now, the batch laid out as TRL lays it out
+        (so that they equal TRL's ``old_per_token_logps`` when the weights are the same)."""
+        host = self.host
+        batch = padded_batch(prompt_ids, completion_ids, host._tokenizer.pad_token_id, host.pad_to_multiple_of)
+        logps = host.behaviour_logps({key: value.to(host.accelerator.device) for key, value in batch.items()})
+        return [row[: len(ids)].tolist() for row, ids in zip(logps, completion_ids, strict=True)]
+
+    def behaviour_weights_in(self, mode: str, engine_topk: bool):
+        """Around a no-grad forward that must see the sampler's weights (DPPO's top-K from the model): the behaviour
+        weights on a training batch, unless the top-K is the engine's own (vLLM's already comes from them)."""
+        if mode != "train" or engine_topk:
+            return contextlib.nullcontext()
+        return self.behaviour.swapped_in(trainable_parameters(self.host.model))
+
+    # ----------------------------------------------------------------------------------------------- checkpoints
+    def save(self, folder: str | os.PathLike) -> None:
+        self.behaviour.save(folder)
+
+    def restore(self, checkpoint: str | os.PathLike) -> None:
+        """The behaviour weights from ``checkpoint``; without them the pipeline restarts, with a warning."""
+        if not self.behaviour.load(checkpoint):
+            warnings.warn(
+                f"{checkpoint} holds no behaviour weights of asynchronous rollouts: the pipeline restarts from the "
+                "checkpoint's weights (the next batches are less stale than in an uninterrupted run).",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._warnings import user_stacklevel
+
 #: Tokens a tokenizer may add around a text beyond its bytes (BOS, EOS and the like).
 _SPECIAL_TOKEN_SLACK = 8
 
@@ -110,3 +112,99 @@ class StreamedPromptCheck:
             stacklevel=2,
         )
         return False
+
+
+class ContextGuard:
+    """Prompt + completion must fit the model's context (``limit = max_position_embeddings``): past it, positions the
+    model never saw make every log-probability meaningless, and TRL 1.16 only lets transformers warn.
+
+    :meth:`without_overlong` removes the prompts of a dataset that cannot fit with ``max_completion_length`` tokens,
+    with a warning naming each (``drop=True``, ``filter_overlong_prompts``), or refuses them by name; a streaming
+    dataset gets a filter that does the same as it is read. :meth:`check_batch` catches at generation time what that
+    cannot see (image tokens, an environment's text). ``render(prompts)`` gives the prompts' text as generation sees
+    it, ``count_tokens(prompts)`` their exact token counts, ``decode(ids)`` a preview's text.
+    """
+
+    def __init__(
+        self,
+        limit: int | None,
+        max_completion_length: int,
+        render: Callable[[list[Any]], list[str]],
+        count_tokens: Callable[[list[Any]], list[int]],
+        decode: Callable[[list[int]], str],
+        drop: bool,
+    ):
+        self.limit = limit
+        self.max_completion_length = max_completion_length
+        self.render = render
+        self.count_tokens = count_tokens
+        self.decode = decode
+        self.drop = drop
+
+    def without_overlong(self, dataset, split: str):
+        """``dataset`` without the prompts that cannot fit (``split`` names it in messages)."""
+        from datasets import IterableDataset
+
+        columns = getattr(dataset, "column_names", None)
+        streamed = isinstance(dataset, IterableDataset)
+        if self.limit is None or dataset is None or (columns is None and not streamed):
+            return dataset  # (a stream from a generator knows its columns only once read)
+        if columns is not None and "prompt" not in columns:
+            return dataset
+        budget = self.limit - self.max_completion_length
+        why = (
+            f"do not fit the model's context (max_position_embeddings={self.limit}) with max_completion_length="
+            f"{self.max_completion_length} (at most {budget} prompt tokens)"
+        )
+        if streamed:
+            return dataset.filter(StreamedPromptCheck(budget, self.count_tokens, split, why, self.drop))
+        found = find_overlong_prompts(dataset["prompt"], budget, self.render, self.count_tokens)
+        if not found:
+            return dataset
+        if not self.drop:
+            raise ValueError(
+                f"{len(found)} prompts of the {split} {why}: {describe_overlong(found)}. Filter or shorten them (e.g. "
+                "dataset.filter(...)), lower max_completion_length, or set filter_overlong_prompts=True to drop them "
+                "with a warning."
+            )
+        if len(found) == len(dataset):
+            raise ValueError(f"Every prompt of the {split} ({len(found)}) {why}: {describe_overlong(found)}.")
+        warnings.warn(
+            f"{len(found)} of the {len(dataset)} prompts of the {split} {why} and were removed (filter_overlong_prompts"
+            f"=True): {describe_overlong(found)}.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+        dropped = {item.index for item in found}
+        return dataset.select([i for i in range(len(dataset)) if i not in dropped])
+
+    def check_batch(self, prompt_ids, prompt_mask) -> None:
+        """A ``ValueError`` naming the longest prompt of a generation batch (left-padded ``prompt_ids`` and their
+        ``prompt_mask``, as TRL lays them out) when it cannot fit with ``max_completion_length`` tokens."""
+        lengths = prompt_mask.sum(dim=1)
+        longest_prompt = int(lengths.max().item()) if lengths.numel() else 0
+        if self.limit is not None and longest_prompt + self.max_completion_length > self.limit:
+            row = int(lengths.argmax())
+            text = self.decode(prompt_ids[row][prompt_mask[row].bool()][-60:].tolist())
+            raise ValueError(
+                f"A prompt of {longest_prompt} tokens (ending {text!r}) plus max_completion_length="
+                f"{self.max_completion_length} exceeds the model's context (max_position_embeddings={self.limit}). "
+                "Filter or truncate long prompts in the dataset, or lower max_completion_length."
+            )
+
+
+def render_prompts(
+    processing_class, prompts: list, tools=None, chat_template=None, **chat_template_kwargs
+) -> list[str]:
+    """Each prompt's text as generation sees it: the chat template applied to conversations as TRL's
+    ``_tokenize_prompts`` applies it, plain prompts as they are."""
+    if not (prompts and isinstance(prompts[0], list)):
+        return [str(prompt) for prompt in prompts]
+    return processing_class.apply_chat_template(
+        conversation=prompts,
+        tools=tools or None,
+        chat_template=chat_template,
+        add_generation_prompt=True,
+        tokenize=False,
+        **chat_template_kwargs,
+    )

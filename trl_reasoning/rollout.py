@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import warnings
 from typing import Any
 
@@ -40,6 +41,7 @@ from .batch import (
     stack_rows,
 )
 from .callbacks import PromptSamplingCallback
+from .checkpoints import SAMPLING_STATE_FILE, read_sampling_state, write_json_atomically
 from .rewards import overlong_penalty
 from .sampling import (
     GROUP_SELECTIONS,
@@ -73,21 +75,50 @@ def loss_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return mask if "tool_mask" not in batch else mask * batch["tool_mask"]
 
 
+def task_reward_columns(
+    task_reward_funcs: list[str] | None, reward_func_names: list[str], positive_resampling_threshold: float | None
+) -> tuple[torch.Tensor, bool]:
+    """Which reward functions make the task reward (a bool per function), from ``task_reward_funcs``, and whether that
+    is ambiguous for no-positive-resampling (several functions, none named: nothing is retired, with a warning)."""
+    available = list(reward_func_names)
+    if task_reward_funcs is None:
+        ambiguous = positive_resampling_threshold is not None and len(available) > 1
+        if ambiguous:
+            # Not an error, since TRL trains such a run: retirement waits for the user to say what a pass is.
+            warnings.warn(
+                f"positive_resampling_threshold={positive_resampling_threshold} retires prompts whose task reward "
+                f"passes, but with several reward functions ({', '.join(available)}) the task reward is ambiguous: a "
+                "format or length bonus alone could retire a prompt the model never solved. No prompt is retired in "
+                "this run (training goes on over every prompt, as in TRL). Set task_reward_funcs to the functions "
+                f"that judge correctness to retire prompts, e.g. task_reward_funcs=[{available[0]!r}].",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
+        return torch.ones(len(available), dtype=torch.bool), ambiguous
+    unknown = [name for name in task_reward_funcs if name not in available]
+    if unknown:
+        raise ValueError(
+            f"task_reward_funcs names {', '.join(map(repr, unknown))}, which is not a reward function of this "
+            f"trainer; its reward functions are {', '.join(map(repr, available))}."
+        )
+    return torch.tensor([name in task_reward_funcs for name in available], dtype=torch.bool), False
+
+
 class Rollout:
     """The scored, selected generation batches of one trainer (``host``); see the module docstring.
 
     Args:
         host: the trainer whose TRL machinery generates and scores (``ReasoningTrainer``).
-        task_reward_columns: which reward functions make the task reward (one bool per function).
-        retirement_needs_task_reward: no-positive-resampling is on but several reward functions make the task reward
-            ambiguous (no ``task_reward_funcs``): nothing is retired.
     """
 
-    def __init__(self, host, task_reward_columns: torch.Tensor, retirement_needs_task_reward: bool = False):
+    def __init__(self, host):
         self.host = host
         args = host.args
-        self.task_reward_columns = task_reward_columns
-        self.retirement_needs_task_reward = retirement_needs_task_reward
+        # Which reward functions make the task reward; retirement_needs_task_reward: no-positive-resampling is on but
+        # several reward functions make the task reward ambiguous (no task_reward_funcs), so nothing is retired.
+        self.task_reward_columns, self.retirement_needs_task_reward = task_reward_columns(
+            args.task_reward_funcs, host.reward_func_names, args.positive_resampling_threshold
+        )
         self.group_selection = resolve_group_selection(args)
         self.generates_extra_rounds = GROUP_SELECTIONS.get(self.group_selection)().rounds(args.max_num_gen_batches) > 1
         self.last_batch: TrainBatch | None = None
@@ -447,3 +478,37 @@ class Rollout:
 
     def load_state_dict(self, state: dict[str, Any]) -> list[str]:
         return self.prompt_state.load_state_dict(state)
+
+    def save(self, folder: str | os.PathLike) -> None:
+        """The sampling state into ``folder`` (a checkpoint), written atomically."""
+        write_json_atomically(os.path.join(folder, SAMPLING_STATE_FILE), self.state_dict())
+
+    def restore(self, checkpoint: str | os.PathLike) -> None:
+        """Load ``checkpoint``'s sampling state; a damaged file is a ``SamplingStateError`` naming it, a missing one
+        (a checkpoint copied by hand, or written by TRL's own trainer) a warning when this run has state to lose; what
+        a changed dataset made re-derived, a warning each."""
+        path = os.path.join(checkpoint, SAMPLING_STATE_FILE)
+        state = read_sampling_state(checkpoint)
+        if state is None:
+            losing = [
+                what
+                for what, on in (
+                    (
+                        "the prompts no-positive-resampling retired",
+                        self.host.args.positive_resampling_threshold is not None,
+                    ),
+                    ("dynamic sampling's extra-prompt stream", self.generates_extra_rounds),
+                    ("the prompt sampler's epoch", self.host.accelerator.num_processes > 1),
+                )
+                if on
+            ]
+            if losing:
+                warnings.warn(
+                    f"{path} is missing, so this resume starts without {' and '.join(losing)} (they restart as in a "
+                    "new run). If the checkpoint was copied, copy that file with it to resume exactly.",
+                    UserWarning,
+                    stacklevel=user_stacklevel(),
+                )
+            return
+        for note in self.load_state_dict(state):
+            warnings.warn(f"{path}: {note}.", UserWarning, stacklevel=user_stacklevel())

@@ -1,6 +1,11 @@
 """The seam between trl-reasoning's math and TRL: ``ReasoningTrainer`` (``ReasoningConfig`` lives in ``config.py`` and
 is re-exported here).
 
+Two parts answer "where does a batch come from": ``rollout.Rollout`` (generation rounds, rewards and shaping, group
+selection, retirement) and, with ``async_rollouts``, ``async_rollouts.AsyncRollouts`` (the behaviour weights and the
+generator that samples ahead). The trainer calls them and lends them TRL's methods (``trl_round``, ``trl_generate``,
+``behaviour_logps``, ``tokenize_prompts``); "how is it trained on" is this module's loss path (``_compute_loss``).
+
 This is the only module that overrides TRL's private methods. All of them are listed in ``TRL_PRIVATE_API`` with
 the parameter names checked against ``TRL_CHECKED_VERSION``; ``check_trl_private_api`` (run when a trainer is built
 and by a test) fails loudly, naming the method, when an installed TRL no longer matches.
@@ -40,34 +45,22 @@ from trl.trainer.utils import add_fused_lm_head
 
 from ._warnings import user_stacklevel
 from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
-from .async_rollouts import (
-    AheadPipeline,
-    BehaviourWeights,
-    async_rollouts_problem,
-    check_ahead_generator,
-    importance_weight_share_changed,
-    job_seed,
-    resolve_async_rollouts,
-    seeded_sampling,
-    trainable_parameters,
-    weights_swapped_in,
-)
+from .async_rollouts import async_rollouts_for, importance_weight_share_changed
 from .batch import TrainBatch
-from .checkpoints import SAMPLING_STATE_FILE, last_complete_checkpoint, read_sampling_state, write_json_atomically
+from .checkpoints import last_complete_checkpoint
 from .config import ReasoningConfig
-from .generator_process import GeneratorProcess, SamplingSettings, padded_batch
 from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
 from .lm_head import cast_lm_head_to_fp32, unwrap_peft
 from .losses import POLICY_LOSSES, compute_policy_loss
 from .model_card import ReasoningModelCardMixin
-from .prompt_lengths import StreamedPromptCheck, describe_overlong, find_overlong_prompts
+from .prompt_lengths import ContextGuard, render_prompts
 from .rewards import (
     check_reward_columns,
     wrap_reward_function,
 )
 from .rollout import Rollout, loss_tokens
 from .sampling import RetiredPrompts, prompt_key
-from .server_generator import SAMPLING_ATTRIBUTES, ServerGenerator
+from .server_generator import SAMPLING_ATTRIBUTES
 from .topk_forward import FORWARD_KEYS, TopKForwardMixin, model_inputs
 from .trl_mirror import k3_kl, masked_means_over_processes
 
@@ -304,11 +297,10 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             else wrap_reward_function(func, name, self.args.on_reward_error, self.args.reward_timeout)
             for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
         ]
-        task_reward_columns, ambiguous = self._resolve_task_reward_columns()
         self._scored_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         # Where a batch comes from: generation rounds, shaping, group selection, prompt sampling (its state is saved
         # in checkpoints).
-        self.rollout = Rollout(self, task_reward_columns, retirement_needs_task_reward=ambiguous)
+        self.rollout = Rollout(self)
         self.add_callback(self.rollout.callback)
         # Non-finite loss guard: compute_loss records each micro-batch, the optimizer's step reads it.
         self._nonfinite_guard = NonFiniteStepGuard(self.args.nonfinite_loss_patience)
@@ -316,85 +308,19 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         # when vLLM generates.
         if self.use_vllm and self._uses_topk_divergence:
             self._keep_engine_topk()
-        # Asynchronous rollouts: the behaviour policy's weights (saved in checkpoints) and the real generation backend
-        # (use_vllm reads True while TRL scores an asynchronous batch, see _sampler_correction).
-        self._generates_with_vllm = self.use_vllm
-        self.behaviour = BehaviourWeights(self.args.max_staleness) if self._async_rollouts_on() else None
-        self._generation_round = 0  # generation calls so far in this generation step (dynamic sampling: several)
-        self.pipeline = None
-        if self.behaviour is not None and self.args.async_generator != "inline":
-            self.pipeline = self._ahead_pipeline()
-            self.add_callback(self.pipeline)
-
-    def _ahead_pipeline(self) -> AheadPipeline:
-        """``async_generator="process"`` or ``"server"``: the pipeline that samples ahead, after checking the run fits
-        its generator."""
-        args = self.args
-        check_ahead_generator(
-            args.async_generator,
-            uses_vllm=self.use_vllm,
-            vllm_mode=getattr(self, "vllm_mode", None) if self.use_vllm else None,
-            tools=bool(self.tools) or self.environment_factories is not None,
-            vision_language=self._is_vlm,
-            one_generation_per_step=args.steps_per_generation * self.num_iterations
-            == args.gradient_accumulation_steps,
-            quantized=getattr(self.model, "is_loaded_in_4bit", False)
-            or getattr(self.model, "is_loaded_in_8bit", False),
-        )
-        if args.async_generator == "server":
-
-            def start_generator() -> ServerGenerator:
-                return ServerGenerator(
-                    vllm_generation=self.vllm_generation,
-                    accelerator=self.accelerator,
-                    push_weights=self._push_behaviour_weights,
-                    num_generations=self.num_generations,
-                    timeout=args.async_timeout,
-                )
-
-        else:
-            settings = SamplingSettings(
-                generation_config=self.generation_config,
-                pad_token_id=self._tokenizer.pad_token_id,
-                eos_token_ids=list(self.eos_token_ids),
-                temperature=self.temperature,
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                batch_size=args.per_device_train_batch_size,
-            )
-
-            def start_generator() -> GeneratorProcess:
-                return GeneratorProcess(self.model, settings, args.async_timeout)
-
-        return AheadPipeline(
-            self.behaviour,
-            start_generator=start_generator,
-            tokenize=lambda prompts: self._tokenize_prompts(prompts)[0],
-            seed_of=lambda step: job_seed(args.seed, step, 0, self.accelerator.process_index),
-        )
-
-    def _push_behaviour_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """``async_generator="server"``: TRL's weight sync with ``weights`` swapped into the model; TRL's own paths
-        sync the current weights again before they next sample (evaluation)."""
-        with weights_swapped_in(trainable_parameters(self.model), weights):
-            self.vllm_generation.sync_weights()
-        self._last_loaded_step = -1
+        # Asynchronous rollouts (trl_reasoning.async_rollouts): the behaviour policy's weights, saved in checkpoints,
+        # and the generator that samples ahead.
+        self.async_rollouts = async_rollouts_for(self)
+        self.behaviour = self.async_rollouts and self.async_rollouts.behaviour
+        self.pipeline = self.async_rollouts and self.async_rollouts.pipeline
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """The Trainer's, reading the next ``max_staleness`` steps' batches ahead for the generator process."""
-        if self.pipeline is None:
-            return super().get_batch_samples(epoch_iterator, num_batches, device)
-        batches = self.pipeline.read_ahead.take(epoch_iterator, num_batches, self.behaviour.generation_steps)
-        return super().get_batch_samples(iter(batches), len(batches), device)
-
-    def _async_rollouts_on(self) -> bool:
-        """``async_rollouts``: ``True`` (an error where the run cannot), ``None`` (on where it can, else a warning)."""
-        zero_stage = getattr(getattr(self.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0)
-        problem = async_rollouts_problem(
-            sharded=self.is_fsdp_enabled or (self.is_deepspeed_enabled and zero_stage == 3),
-            vision_language=self._is_vlm,
-            uses_vllm=self.use_vllm,
-        )
-        return resolve_async_rollouts(self.args.async_rollouts, problem, type(self.args).__name__)
+        """The Trainer's; with a generator that samples ahead, the next ``max_staleness`` steps' batches are read
+        ahead (``AsyncRollouts.batch_samples``)."""
+        if self.pipeline is not None:
+            batches = self.async_rollouts.batch_samples(epoch_iterator, num_batches)
+            epoch_iterator, num_batches = iter(batches), len(batches)
+        return super().get_batch_samples(epoch_iterator, num_batches, device)
 
     @property
     def last_train_batch(self) -> TrainBatch | None:
@@ -436,33 +362,6 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             self.train_dataset = self.train_dataset.filter(
                 lambda row: not self.rollout.prompt_state.excluded_now(prompt_key(row.get("prompt")))
             )
-
-    def _resolve_task_reward_columns(self) -> tuple[torch.Tensor, bool]:
-        """Which reward functions make the task reward (a bool per function), from ``task_reward_funcs``, and whether
-        that is ambiguous for no-positive-resampling (several functions, none named: nothing is retired)."""
-        names, available = self.args.task_reward_funcs, list(self.reward_func_names)
-        if names is None:
-            if self.args.positive_resampling_threshold is not None and len(available) > 1:
-                # Not an error, since TRL trains such a run: retirement waits for the user to say what a pass is.
-                warnings.warn(
-                    f"positive_resampling_threshold={self.args.positive_resampling_threshold} retires prompts whose "
-                    f"task reward passes, but with several reward functions ({', '.join(available)}) the task reward "
-                    "is ambiguous: a format or length bonus alone could retire a prompt the model never solved. No "
-                    "prompt is retired in this run (training goes on over every prompt, as in TRL). Set "
-                    "task_reward_funcs to the functions that judge correctness to retire prompts, e.g. "
-                    f"task_reward_funcs=[{available[0]!r}].",
-                    UserWarning,
-                    stacklevel=user_stacklevel(),
-                )
-            ambiguous = self.args.positive_resampling_threshold is not None and len(available) > 1
-            return torch.ones(len(available), dtype=torch.bool), ambiguous
-        unknown = [name for name in names if name not in available]
-        if unknown:
-            raise ValueError(
-                f"task_reward_funcs names {', '.join(map(repr, unknown))}, which is not a reward function of this "
-                f"trainer; its reward functions are {', '.join(map(repr, available))}."
-            )
-        return torch.tensor([name in names for name in available], dtype=torch.bool), False
 
     def _cast_peft_lm_head_to_fp32(self) -> None:
         """The FP32 LM head where TRL's cast fails (PEFT, vision-language models): cast the base model's head (and the
@@ -506,11 +405,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ TRL private override 2 of 7
     def _generate_and_score_completions(self, inputs):
         """Where a batch comes from is ``self.rollout`` (``trl_reasoning.rollout``): rounds, shaping, selection."""
-        if self.behaviour is not None and self.model.training:
-            self.behaviour.record(trainable_parameters(self.model))  # the weights at this generation step
-            self._generation_round = 0
-            if self.pipeline is not None:
-                self.pipeline.submit_ahead()
+        if self.async_rollouts is not None and self.model.training:
+            self.async_rollouts.begin_generation_step()
         return self.rollout.generation_batch(inputs, "train" if self.model.training else "eval")
 
     def trl_round(self, inputs) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -519,7 +415,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self._scored_batch = None
         if self._engine_topk is not None:
             self._engine_topk = []
-        with self._sampler_correction():
+        scoring = self.async_rollouts and self.async_rollouts.scoring(uses_trl_is_ratio=self._uses_trl_is_ratio())
+        with scoring or contextlib.nullcontext():
             output = super()._generate_and_score_completions(inputs)
         if self._scored_batch is None:
             raise TRLCompatibilityError(
@@ -528,7 +425,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             )
         rewards_per_func, lengths = self._scored_batch
         self._scored_batch = None
-        if self.behaviour is not None and "importance_sampling_ratio" in output:
+        if self.async_rollouts is not None and "importance_sampling_ratio" in output:
             changed = importance_weight_share_changed(
                 output["importance_sampling_ratio"],
                 loss_tokens(output),
@@ -540,69 +437,17 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             self._metrics["train"]["async/is_weight_changed"].append(share)
         return output, rewards_per_func, lengths
 
-    @contextlib.contextmanager
-    def _sampler_correction(self):
-        """TRL computes its importance-sampling correction between ``pi_old`` and the sampler's log-probs only when
-        ``use_vllm``: an asynchronous training batch takes that same path (TRL's code, modes and metrics), so
-        ``use_vllm`` reads True while TRL scores it (``_generate`` restores the real backend for generation).
-
-        A loss that takes its ratio against the sampler itself (CISPO, DPPO) never applies that correction, so TRL is
-        not asked for it: that skips TRL's extra no-grad forward for ``pi_old`` (a quarter of a step on SmolLM2-135M),
-        which then only fed the correction. Where TRL still needs ``pi_old`` (more than one update per batch) it
-        computes it anyway; otherwise ``pi_old = pi_theta`` and the loss takes ``per_token_logps.detach()``."""
-        if self.behaviour is None or not self.model.training:
-            yield
-            return
-        saved = self.use_vllm, self.vllm_importance_sampling_correction
-        self.use_vllm = True
-        self.vllm_importance_sampling_correction = saved[1] and self._uses_trl_is_ratio()
-        try:
-            yield
-        finally:
-            self.use_vllm, self.vllm_importance_sampling_correction = saved
-
     # ------------------------------------------------------------------ TRL private override 7 of 7
     def _generate(self, prompts):
-        """With asynchronous rollouts (training batches only), TRL's generation runs with the behaviour weights
-        swapped into the model (vLLM is synced with them first), and the sampled tokens' log-probabilities under them
-        are recorded: vLLM returns them, ``generate`` does not, so they are computed with the same weights."""
-        if self.behaviour is None or not self.model.training:
-            if self.pipeline is not None:
-                self.pipeline.release_engine()  # a vLLM server answers what it was sent ahead before it syncs anew
+        """TRL's, or with asynchronous rollouts ``AsyncRollouts.generate``: the behaviour policy samples a training
+        batch and its log-probabilities are recorded."""
+        if self.async_rollouts is None:
             return super()._generate(prompts)
-        step, round_index = self.behaviour.generation_steps - 1, self._generation_round
-        self._generation_round += 1
-        seed = job_seed(self.args.seed, step, round_index, self.accelerator.process_index)
-        staleness = self.behaviour.staleness
-        sampling_backend = self.use_vllm
-        self.use_vllm = self._generates_with_vllm
-        try:
-            if self.pipeline is not None and round_index == 0:
-                generated = self._generate_with(self.pipeline.collect(step, prompts), prompts)
-                if self._engine_topk is not None and self.pipeline.last_ranked is not None:
-                    self._engine_topk.append(self.pipeline.last_ranked)  # DPPO top-K: the server's own
-                # how much of the worker's generation the trainer still waited for (0: fully overlapped)
-                self._metrics["train"]["async/generation_seconds"].append(self.pipeline.last_generation_seconds)
-                self._metrics["train"]["async/wait_seconds"].append(self.pipeline.last_wait_seconds)
-            else:
-                if self.pipeline is not None:
-                    self.pipeline.release_engine()
-                with self.behaviour.swapped_in(trainable_parameters(self.model)), self._sampling_seed(seed):
-                    if self.use_vllm:
-                        self._last_loaded_step = -1  # sync the engine with the behaviour weights
-                    generated = self._checked_generation(super()._generate(prompts))
-                    if generated[4] is None:
-                        logps = self._sampled_token_logps(generated[0], generated[1])
-                        generated = (*generated[:4], logps, *generated[5:])
-        finally:
-            self.use_vllm = sampling_backend
-            if self._generates_with_vllm:
-                self._last_loaded_step = -1  # the engine holds the behaviour weights: sync before it samples again
-        self._metrics["train"]["async/staleness"].append(float(staleness))
-        return generated
+        return self.async_rollouts.generate(prompts)
 
-    @staticmethod
-    def _checked_generation(generated):
+    def trl_generate(self, prompts):
+        """TRL's own ``_generate`` (lent to the asynchronous rollouts), its output checked."""
+        generated = super()._generate(prompts)
         if not isinstance(generated, tuple) or len(generated) != 8:
             raise TRLCompatibilityError(
                 "GRPOTrainer._generate no longer returns (prompt_ids, completion_ids, tool_mask, completions, "
@@ -610,126 +455,47 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             )
         return generated
 
-    def _sampling_seed(self, seed: int):
-        """With a lag, every generation call samples with its own seed (so the worker and the in-process generator
-        draw the same batch); ``max_staleness=0`` keeps the global RNG stream, exactly as a synchronous run."""
-        return seeded_sampling(seed) if self.behaviour.max_staleness > 0 else contextlib.nullcontext()
-
-    def _generate_with(self, rollout: dict[str, list], prompts):
-        """TRL's ``_generate`` on a batch the worker sampled, through TRL's own ``rollout_func`` path (decoding,
-        completion metrics)."""
-        own_rollout_func, sampling_backend = self.rollout_func, self.use_vllm
-        self.rollout_func = lambda _prompts, _trainer: rollout
-        self.use_vllm = False  # TRL would sync the current weights to a vLLM server that samples ahead with others
-        try:
-            return self._checked_generation(super()._generate(prompts))
-        finally:
-            self.rollout_func, self.use_vllm = own_rollout_func, sampling_backend
-
     def rollout_topk(self, output, mode: str) -> dict[str, torch.Tensor]:
         """DPPO top-K: the sampler's top-K ids and log-probs (``TopKForwardMixin._rollout_topk``), from the behaviour
         weights on an asynchronous batch sampled by ``generate`` (vLLM's own top-K already comes from them)."""
-        if self.behaviour is None or mode != "train" or self._engine_topk:
+        if self.async_rollouts is None:
             return self._rollout_topk(output, mode)
-        with self.behaviour.swapped_in(trainable_parameters(self.model)):
+        with self.async_rollouts.behaviour_weights_in(mode, engine_topk=bool(self._engine_topk)):
             return self._rollout_topk(output, mode)
 
-    def _sampled_token_logps(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
-        """The sampled tokens' log-probabilities under the model as it is now, the batch laid out as TRL lays it out
-        (so that they equal TRL's ``old_per_token_logps`` when the weights are the same)."""
-        batch = padded_batch(prompt_ids, completion_ids, self._tokenizer.pad_token_id, self.pad_to_multiple_of)
-        logps = self.behaviour_logps({key: value.to(self.accelerator.device) for key, value in batch.items()})
-        return [row[: len(ids)].tolist() for row, ids in zip(logps, completion_ids, strict=True)]
-
-    def _context_limit(self) -> int | None:
-        return getattr(self._bare_model().config.get_text_config(), "max_position_embeddings", None)
+    def tokenize_prompts(self, prompts: list) -> list[list[int]]:
+        """The prompt token ids TRL generates from (TRL's ``_tokenize_prompts``)."""
+        return self._tokenize_prompts(prompts)[0]
 
     def check_context_length(self, output) -> None:
-        """Prompt + completion must fit the model's context: past it, positions the model never saw make every
-        log-probability meaningless (TRL 1.16 only lets transformers warn). Prompts are checked when the trainer is
-        built (``_drop_overlong_prompts``); this catches what that cannot see (image tokens, environment text)."""
-        limit = self._context_limit()
-        lengths = output["prompt_mask"].sum(dim=1)
-        longest_prompt = int(lengths.max().item()) if lengths.numel() else 0
-        if limit is not None and longest_prompt + self.max_completion_length > limit:
-            row = int(lengths.argmax())
-            ids = output["prompt_ids"][row][output["prompt_mask"][row].bool()]
-            text = self._tokenizer.decode(ids[-60:], skip_special_tokens=True)
-            raise ValueError(
-                f"A prompt of {longest_prompt} tokens (ending {text!r}) plus max_completion_length="
-                f"{self.max_completion_length} exceeds the model's context (max_position_embeddings={limit}). Filter "
-                "or truncate long prompts in the dataset, or lower max_completion_length."
-            )
+        """The prompts of a generation batch must fit the context with their completions (``ContextGuard``)."""
+        self.context_guard.check_batch(output["prompt_ids"], output["prompt_mask"])
 
     def _drop_overlong_prompts(self) -> None:
-        """Prompts that cannot fit the context with ``max_completion_length`` tokens are removed from the training and
-        evaluation datasets with a warning naming each (``filter_overlong_prompts=True``), or refused naming them.
-        Environments (their reset text and tools are added per rollout) and image prompts are left to the check at
-        generation time."""
-        limit = self._context_limit()
-        if limit is None or self.environment_factories is not None or self._is_vlm:
+        """Prompts that cannot fit the context with ``max_completion_length`` tokens leave the training and evaluation
+        datasets with a warning naming each (``filter_overlong_prompts=True``), or are refused by name. Environments
+        (their reset text and tools are added per rollout) and image prompts are left to the check at generation."""
+        self.context_guard = ContextGuard(
+            getattr(self._bare_model().config.get_text_config(), "max_position_embeddings", None),
+            self.max_completion_length,
+            render=lambda prompts: render_prompts(
+                self.processing_class, prompts, self.tools, self.chat_template, **self.chat_template_kwargs
+            ),
+            count_tokens=lambda prompts: [len(ids) for ids in self.tokenize_prompts(prompts)],
+            decode=lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True),
+            drop=self.args.filter_overlong_prompts,
+        )
+        if self.environment_factories is not None or self._is_vlm:
             return
-        budget = limit - self.max_completion_length
-        self.train_dataset = self._without_overlong_prompts(self.train_dataset, "train_dataset", budget, limit)
+        guard = self.context_guard
+        self.train_dataset = guard.without_overlong(self.train_dataset, "train_dataset")
         if isinstance(self.eval_dataset, dict):
             self.eval_dataset = {
-                name: self._without_overlong_prompts(data, f"eval_dataset[{name!r}]", budget, limit)
+                name: guard.without_overlong(data, f"eval_dataset[{name!r}]")
                 for name, data in self.eval_dataset.items()
             }
         else:
-            self.eval_dataset = self._without_overlong_prompts(self.eval_dataset, "eval_dataset", budget, limit)
-
-    def _without_overlong_prompts(self, dataset, split: str, budget: int, limit: int):
-        columns = getattr(dataset, "column_names", None)
-        streamed = isinstance(dataset, IterableDataset)
-        if dataset is None or (columns is None and not streamed) or (columns is not None and "prompt" not in columns):
-            return dataset  # (a stream from a generator knows its columns only once read)
-        why = (
-            f"do not fit the model's context (max_position_embeddings={limit}) with max_completion_length="
-            f"{self.max_completion_length} (at most {budget} prompt tokens)"
-        )
-        way_out = (
-            "Filter or shorten them (e.g. dataset.filter(...)), lower max_completion_length, or set "
-            "filter_overlong_prompts=True to drop them with a warning."
-        )
-        if streamed:
-            check = StreamedPromptCheck(
-                budget, self._prompt_token_counts, split, why, self.args.filter_overlong_prompts
-            )
-            return dataset.filter(check)
-        found = find_overlong_prompts(dataset["prompt"], budget, self._rendered_prompts, self._prompt_token_counts)
-        if not found:
-            return dataset
-        if not self.args.filter_overlong_prompts:
-            raise ValueError(f"{len(found)} prompts of the {split} {why}: {describe_overlong(found)}. {way_out}")
-        if len(found) == len(dataset):
-            raise ValueError(f"Every prompt of the {split} ({len(found)}) {why}: {describe_overlong(found)}.")
-        warnings.warn(
-            f"{len(found)} of the {len(dataset)} prompts of the {split} {why} and were removed (filter_overlong_prompts"
-            f"=True): {describe_overlong(found)}.",
-            UserWarning,
-            stacklevel=user_stacklevel(),
-        )
-        dropped = {item.index for item in found}
-        return dataset.select([i for i in range(len(dataset)) if i not in dropped])
-
-    def _rendered_prompts(self, prompts: list) -> list[str]:
-        """Each prompt's text as generation sees it (the chat template applied as TRL's ``_tokenize_prompts`` does)."""
-        if not (prompts and isinstance(prompts[0], list)):
-            return [str(prompt) for prompt in prompts]
-        return self.processing_class.apply_chat_template(
-            conversation=prompts,
-            tools=self.tools or None,
-            chat_template=self.chat_template,
-            add_generation_prompt=True,
-            tokenize=False,
-            **self.chat_template_kwargs,
-        )
-
-    def _prompt_token_counts(self, prompts: list) -> list[int]:
-        """The exact prompt lengths TRL generates from (its own tokenization)."""
-        prompt_ids, _, _ = self._tokenize_prompts(prompts)
-        return [len(ids) for ids in prompt_ids]
+            self.eval_dataset = guard.without_overlong(self.eval_dataset, "eval_dataset")
 
     def _bare_model(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
         """``accelerator.unwrap_model(model)`` (the trained model by default), kept per wrapper: accelerate reads
@@ -760,71 +526,34 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         # push), so a checkpoint whose trainer_state.json reads always holds its whole sampling state.
         if self.args.should_save:
             folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            write_json_atomically(os.path.join(folder, SAMPLING_STATE_FILE), self.sampling_state_dict())
-            if self.behaviour is not None:
-                self.behaviour.save(folder)
+            self.rollout.save(folder)
+            if self.async_rollouts is not None:
+                self.async_rollouts.save(folder)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
-            self._restore_sampling_state(checkpoint)
-
-    def _restore_sampling_state(self, checkpoint: str) -> None:
-        """Load ``checkpoint``'s sampling state; a damaged file is a ``SamplingStateError`` naming it, a missing one
-        (a checkpoint copied by hand, or written by TRL's own trainer) a warning when this run has state to lose."""
-        if self.behaviour is not None and not self.behaviour.load(checkpoint):
-            warnings.warn(
-                f"{checkpoint} holds no behaviour weights of asynchronous rollouts: the pipeline restarts from the "
-                "checkpoint's weights (the next batches are less stale than in an uninterrupted run).",
-                UserWarning,
-                stacklevel=user_stacklevel(),
-            )
-        path = os.path.join(checkpoint, SAMPLING_STATE_FILE)
-        state = read_sampling_state(checkpoint)
-        if state is None:
-            losing = [
-                what
-                for what, on in (
-                    (
-                        "the prompts no-positive-resampling retired",
-                        self.args.positive_resampling_threshold is not None,
-                    ),
-                    ("dynamic sampling's extra-prompt stream", self.rollout.generates_extra_rounds),
-                    ("the prompt sampler's epoch", self.accelerator.num_processes > 1),
-                )
-                if on
-            ]
-            if losing:
-                warnings.warn(
-                    f"{path} is missing, so this resume starts without {' and '.join(losing)} (they restart as in a "
-                    "new run). If the checkpoint was copied, copy that file with it to resume exactly.",
-                    UserWarning,
-                    stacklevel=user_stacklevel(),
-                )
-            return
-        for note in self.load_sampling_state_dict(state):
-            warnings.warn(f"{path}: {note}.", UserWarning, stacklevel=user_stacklevel())
+            if self.async_rollouts is not None:
+                self.async_rollouts.restore(checkpoint)
+            self.rollout.restore(checkpoint)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         """``Trainer.train``, where ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint of
         ``output_dir`` (one cut off mid-write is passed over with a warning) instead of the highest-numbered folder."""
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = self._last_complete_checkpoint()
+            folder, skipped = last_complete_checkpoint(self.args.output_dir)
+            for passed_over, problem in skipped:
+                warnings.warn(
+                    f"resume_from_checkpoint=True passes over {passed_over}: {problem}. "
+                    + (f"Resuming from {folder} instead." if folder is not None else ""),
+                    UserWarning,
+                    stacklevel=user_stacklevel(),
+                )
+            if folder is None:
+                raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
+            resume_from_checkpoint = str(folder)
         return super().train(resume_from_checkpoint, *args, **kwargs)
-
-    def _last_complete_checkpoint(self) -> str:
-        folder, skipped = last_complete_checkpoint(self.args.output_dir)
-        for passed_over, problem in skipped:
-            warnings.warn(
-                f"resume_from_checkpoint=True passes over {passed_over}: {problem}. "
-                + (f"Resuming from {folder} instead." if folder is not None else ""),
-                UserWarning,
-                stacklevel=user_stacklevel(),
-            )
-        if folder is None:
-            raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
-        return str(folder)
 
     def sampling_state_dict(self) -> dict[str, Any]:
         """The sampling state a checkpoint keeps: retired prompts, the dynamic-sampling prompt stream and the epoch the
@@ -910,10 +639,15 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         if old_per_token_logps is None:  # on-policy: TRL skips the extra forward, the ratio is 1 with a gradient
             old_per_token_logps = per_token_logps.detach()
         stats: dict[str, torch.Tensor] = {}
+        sampler = inputs.get("sampling_per_token_logps")
+        # CISPO on an asynchronous batch takes its ratio against the sampler mu (the DPPO authors' bypass mode)
+        denominator = old_per_token_logps
+        if sampler is not None and self._ratio_to_sampler():
+            denominator = torch.where(torch.isnan(sampler), old_per_token_logps, sampler)
         per_token_loss = compute_policy_loss(
             args.policy_loss,
             per_token_logps,
-            self._ratio_denominator(inputs, old_per_token_logps),
+            denominator,
             advantages,
             mask,
             stats=stats,
@@ -922,9 +656,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         per_token_loss = self._apply_trl_token_masks(
             per_token_loss, inputs, per_token_logps, old_per_token_logps, advantages, mask, entropy_mask
         )
-        sampler = inputs.get("sampling_per_token_logps")
         if (
-            self.behaviour is not None
+            self.async_rollouts is not None
             and self.model.training
             and sampler is not None
             and not self._uses_trl_is_ratio()
@@ -945,17 +678,11 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         )
         return per_token_loss + self.beta * per_token_kl, per_token_kl, stats
 
-    def _ratio_denominator(self, inputs, old_per_token_logps: torch.Tensor) -> torch.Tensor:
-        """``pi_old``, except for a loss registered ``async_ratio_to_sampler`` (CISPO) on an asynchronous batch: its
-        ratio is then taken against the sampler ``mu`` (the DPPO authors' bypass mode), with no TRL correction on top."""
-        sampler = inputs.get("sampling_per_token_logps")
-        if sampler is None or not self._ratio_to_sampler():
-            return old_per_token_logps
-        return torch.where(torch.isnan(sampler), old_per_token_logps, sampler)
-
     def _ratio_to_sampler(self) -> bool:
-        loss = self.args.policy_loss
-        return self.behaviour is not None and POLICY_LOSSES.trait(loss, "async_ratio_to_sampler", False)
+        """A loss registered ``async_ratio_to_sampler`` (CISPO) on an asynchronous run: its ratio is ``pi / mu``."""
+        return self.async_rollouts is not None and bool(
+            POLICY_LOSSES.trait(self.args.policy_loss, "async_ratio_to_sampler")
+        )
 
     def _policy_forward(self, model, inputs):
         """The current policy's sampled-token log-probs, entropies, log-probs at the stored rollout top-K ids (only

@@ -187,7 +187,7 @@ def test_asynchronous_rollouts_sync_the_engine_with_the_behaviour_weights(vllm_s
     def recomputed(*args, **kwargs):
         raise AssertionError("the trainer recomputed log-probs that vLLM returned")
 
-    trainer._sampled_token_logps = recomputed
+    trainer.async_rollouts._sampled_token_logps = recomputed
     start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     assert [e["async/staleness"] for e in trainer.state.log_history if "async/staleness" in e] == [0, 1, 1]

@@ -17,8 +17,8 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 import trl_reasoning as tr
+from trl_reasoning.checkpoints import SAMPLING_STATE_FILE
 from trl_reasoning.sampling import GROUP_SELECTIONS, GroupSelection, extra_round_groups, informative_groups
-from trl_reasoning.trainer import SAMPLING_STATE_FILE
 
 pytestmark = pytest.mark.slow
 
