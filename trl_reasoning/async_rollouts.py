@@ -259,8 +259,9 @@ def job_seed(base_seed: int, step: int, round_index: int, process_index: int) ->
 
 @contextlib.contextmanager
 def seeded_sampling(seed: int) -> Iterator[None]:
-    """Sample with ``seed`` without touching the process's global RNG stream (the trainer's dropout, shuffles)."""
-    with torch.random.fork_rng(devices=[]):
+    """Sample with ``seed`` without touching the process's global RNG streams (the trainer's dropout, shuffles): the
+    CPU's and, since ``torch.manual_seed`` reseeds them too, every CUDA device's."""
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []):
         torch.manual_seed(seed)
         yield
 
@@ -381,6 +382,7 @@ class AheadPipeline(TrainerCallback):
         self.read_ahead = ReadAhead(self.behaviour.max_staleness)  # a later train() reads from its own position
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.close()  # a train() that raised (a timeout, Ctrl-C) left its generator and read-ahead behind
         # One generation per optimizer step (the ahead generators require it): generation step g is trained at
         # optimizer step g, so the batches read ahead past max_steps would be sampled for nothing.
         self.last_step = state.max_steps - 1
@@ -457,6 +459,7 @@ class AsyncRollouts:
                 temperature=host.temperature,
                 pad_to_multiple_of=host.pad_to_multiple_of,
                 batch_size=args.per_device_train_batch_size,
+                device=str(host.accelerator.device),
             )
 
             def start_generator() -> GeneratorProcess:
@@ -477,12 +480,15 @@ class AsyncRollouts:
         self.host._last_loaded_step = -1
 
     # --------------------------------------------------------------------------------------- at a generation step
-    def begin_generation_step(self) -> None:
+    def begin_generation_step(self, inputs: list[dict]) -> None:
         """Record the weights of this generation step (a later batch's behaviour policy) and send the batches whose
-        behaviour weights now exist to the generator that samples ahead."""
+        behaviour weights now exist to the generator that samples ahead: this step's own batch (``inputs``) first,
+        where it was not sent ahead (the first step of a run or of an epoch), so that it does not wait behind the
+        next ``k`` in the generator's queue."""
         self.behaviour.record(trainable_parameters(self.host.model))
         self.generation_round = 0
         if self.pipeline is not None:
+            self.pipeline.submit(self.behaviour.generation_steps - 1, [row["prompt"] for row in inputs])
             self.pipeline.submit_ahead()
 
     def batch_samples(self, epoch_iterator, num_batches: int) -> list:

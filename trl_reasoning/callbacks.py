@@ -402,9 +402,14 @@ class PromptSamplingCallback(TrainerCallback):
         self.stopped_at: int | None = None
         self._epochs_begun = 0
         self._step_at_epoch_begin = 0
+        self._resumed_epoch = False
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._epochs_begun = 0
+        # A stream's epochs go on from a resumed checkpoint's (the Trainer's own loop over a stream restarts at 0).
+        self._epochs_begun = self.prompt_state.stream_epoch if state.global_step > 0 else 0
+        # The Trainer resumes a stream by skipping the batches of the steps it has trained, from the stream's start: a
+        # shorter stream is used up by that skip, so the first epoch of a resume may train no step at all.
+        self._resumed_epoch = state.global_step > 0
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         if self.prompt_state.streaming:
@@ -416,7 +421,12 @@ class PromptSamplingCallback(TrainerCallback):
         if not self.retiring or state.global_step >= state.max_steps:
             return control
         if self.prompt_state.streaming:
-            exhausted = state.global_step == self._step_at_epoch_begin and len(self.prompt_state.retired) > 0
+            skipped_through, self._resumed_epoch = self._resumed_epoch, False
+            exhausted = (
+                state.global_step == self._step_at_epoch_begin
+                and len(self.prompt_state.retired) > 0
+                and not skipped_through
+            )
         else:
             exhausted = not self.prompts_left_next()
         if not exhausted:

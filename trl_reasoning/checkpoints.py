@@ -56,6 +56,9 @@ def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(handle, 0o666 & ~umask)  # as an open() would make it (mkstemp's 0600 locks other users out)
         with os.fdopen(handle, "w") as file:
             json.dump(data, file)
             file.flush()
@@ -81,7 +84,12 @@ def read_sampling_state(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
     path = Path(checkpoint) / SAMPLING_STATE_FILE
     if not path.exists():
         return None
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise SamplingStateError(
+            f"{path} cannot be read ({type(error).__name__}: {error}). " + _way_out(path)
+        ) from None
     if not text.strip():
         raise SamplingStateError(
             f"{path} is empty: the checkpoint's sampling state was cut off while it was written. " + _way_out(path)
@@ -99,14 +107,38 @@ def read_sampling_state(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
     missing = [key for key in SAMPLING_STATE_KEYS if key not in state]
     if missing:
         raise SamplingStateError(f"{path} lacks {', '.join(missing)}: the file is damaged. " + _way_out(path))
-    if not isinstance(state["retired_prompts"], dict) or not isinstance(
-        state["retired_prompts"].get("epoch_of", {}), dict
-    ):
-        raise SamplingStateError(f"{path} has a malformed 'retired_prompts' entry. " + _way_out(path))
-    stream = state["prompt_stream"]
-    if stream is not None and not (isinstance(stream, dict) and isinstance(stream.get("remaining", []), list)):
-        raise SamplingStateError(f"{path} has a malformed 'prompt_stream' entry. " + _way_out(path))
+    malformed = _malformed_entry(state)
+    if malformed is not None:
+        raise SamplingStateError(f"{path} has a malformed {malformed!r} entry. " + _way_out(path))
     return state
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _malformed_entry(state: dict[str, Any]) -> str | None:
+    """The first entry of a sampling state whose shape is not what ``sampling.PromptState`` writes (``None``: all are
+    well formed), so that a damaged file is refused by name before any of it is loaded."""
+    retired = state["retired_prompts"]
+    if not (
+        isinstance(retired, dict)
+        and isinstance(retired.get("epoch_of"), dict)
+        and all(_is_int(epoch) for epoch in retired["epoch_of"].values())
+    ):
+        return "retired_prompts"
+    stream = state["prompt_stream"]
+    if stream is not None:
+        fields = ("passes", "position") if isinstance(stream, dict) and stream.get("streamed") else ("passes",)
+        if not (isinstance(stream, dict) and all(_is_int(stream.get(field)) for field in fields)):
+            return "prompt_stream"
+        remaining = stream.get("remaining")
+        if not stream.get("streamed") and not (isinstance(remaining, list) and all(map(_is_int, remaining))):
+            return "prompt_stream"
+    for key in ("sampler_epoch", "num_samples"):
+        if state.get(key) is not None and not _is_int(state[key]):
+            return key
+    return None
 
 
 def checkpoint_problem(folder: str | os.PathLike) -> str | None:

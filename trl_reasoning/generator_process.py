@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
 import queue
 import sys
 import time
@@ -49,6 +50,7 @@ class SamplingSettings:
     pad_to_multiple_of: int | None
     batch_size: int
     threads: int = 1
+    device: str = "cpu"  # where the worker's copy of the model samples (the trainer's device)
 
 
 #: Seconds a new worker may take to import torch and build its model (at least; ``async_timeout`` if longer).
@@ -108,8 +110,9 @@ def _padded(rows: list[list[int]], value: int, side: str, multiple: int | None) 
 @torch.no_grad()
 def sample(model: torch.nn.Module, prompt_ids: list[list[int]], settings: SamplingSettings) -> list[list[int]]:
     """``generate`` as TRL's ``_generate_single_turn`` calls it; each completion ends at its first EOS."""
-    input_ids = _padded(prompt_ids, settings.pad_token_id, "left", settings.pad_to_multiple_of)
+    input_ids = _padded(prompt_ids, settings.pad_token_id, "left", settings.pad_to_multiple_of).to(settings.device)
     attention_mask = _padded([[1] * len(ids) for ids in prompt_ids], 0, "left", settings.pad_to_multiple_of)
+    attention_mask = attention_mask.to(settings.device)
     output = model.generate(
         input_ids=input_ids, attention_mask=attention_mask, generation_config=settings.generation_config
     )
@@ -138,6 +141,7 @@ def sampled_token_logps(
 ) -> list[list[float]]:
     """``log softmax(logits / temperature)`` at each sampled token, the batch laid out as TRL lays it out."""
     batch = padded_batch(prompt_ids, completion_ids, settings.pad_token_id, settings.pad_to_multiple_of)
+    batch = {key: value.to(settings.device) for key, value in batch.items()}
     completions = batch["completion_ids"]
     input_ids = torch.cat([batch["prompt_ids"], completions], dim=1)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
@@ -152,10 +156,34 @@ def sampled_token_logps(
     return [row[: len(ids)].tolist() for row, ids in zip(logps, completion_ids, strict=True)]
 
 
+def packed(weights: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """``weights`` as one flat shared-memory tensor per dtype, with each tensor's name and shape: one shared block (one
+    file descriptor) per job instead of one per tensor, whose count would grow with the model and ``max_staleness``."""
+    groups: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
+    for name, tensor in weights.items():
+        groups.setdefault(tensor.dtype, []).append((name, tensor.detach().to("cpu")))
+    return {
+        "flat": [torch.cat([t.reshape(-1) for _, t in items]).share_memory_() for items in groups.values()],
+        "layout": [[(name, tuple(t.shape)) for name, t in items] for items in groups.values()],
+    }
+
+
+def unpacked(weights: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`packed` (views into the shared blocks)."""
+    tensors = {}
+    for flat, layout in zip(weights["flat"], weights["layout"], strict=True):
+        offset = 0
+        for name, shape in layout:
+            size = math.prod(shape)
+            tensors[name] = flat[offset : offset + size].view(shape)
+            offset += size
+    return tensors
+
+
 def _worker(recipe: dict[str, Any], settings: SamplingSettings, jobs, results) -> None:
     torch.set_num_threads(settings.threads)
     try:
-        model = _rebuild(recipe)
+        model = _rebuild(recipe).to(settings.device)
         params = dict(model.named_parameters())
     except BaseException:
         results.put((-1, None, None, traceback.format_exc()))
@@ -167,7 +195,7 @@ def _worker(recipe: dict[str, Any], settings: SamplingSettings, jobs, results) -
             return
         try:
             with torch.no_grad():
-                for name, tensor in job.weights.items():
+                for name, tensor in unpacked(job.weights).items():
                     params[name].copy_(tensor)
             started = time.perf_counter()
             torch.manual_seed(job.seed)
@@ -215,8 +243,7 @@ class GeneratorProcess:
     def submit(self, job: GenerationJob) -> None:
         if job.step in self.submitted:
             return
-        weights = {name: tensor.share_memory_() for name, tensor in job.weights.items()}
-        self._jobs.put(dataclasses.replace(job, weights=weights))
+        self._jobs.put(dataclasses.replace(job, weights=packed(job.weights)))
         self.submitted.add(job.step)
 
     def result(self, step: int) -> tuple[list[list[int]], list[list[float]], float, float]:

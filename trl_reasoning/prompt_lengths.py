@@ -81,8 +81,9 @@ def describe_overlong(found: Sequence[OverlongPrompt], limit: int = 5) -> str:
 
 class StreamedPromptCheck:
     """The same check for a streaming dataset, as its rows are read: a callable for ``IterableDataset.filter`` that
-    drops a prompt longer than ``budget`` tokens with a warning naming it (its position in the stream), or raises a
-    ``ValueError`` naming it when ``drop`` is off."""
+    drops a prompt longer than ``budget`` tokens with a warning naming it (once, however often the stream is read
+    again: every epoch and dynamic sampling's extra prompts re-read it), or raises a ``ValueError`` naming it when
+    ``drop`` is off. A stream has no index, so a prompt is named by its text."""
 
     def __init__(self, budget: int, count_tokens: Callable[[list[Any]], list[int]], split: str, why: str, drop: bool):
         self.budget = budget
@@ -90,27 +91,26 @@ class StreamedPromptCheck:
         self.split = split
         self.why = why
         self.drop = drop
-        self.position = 0
-        self.dropped = 0
+        self.dropped: set[str] = set()  # the previews of the prompts skipped so far
 
     def __call__(self, row: dict[str, Any]) -> bool:
-        index, self.position = self.position, self.position + 1
         prompt = row.get("prompt")
         (tokens,) = self.count_tokens([prompt])
         if tokens <= self.budget:
             return True
-        item = OverlongPrompt(index, tokens, preview(prompt))
+        described = f"{preview(prompt)} ({tokens} tokens)"
         if not self.drop:
             raise ValueError(
-                f"Prompt {item.describe()} of the streamed {self.split} {self.why}. Filter or shorten such prompts, "
+                f"A prompt of the streamed {self.split}, {described}, {self.why}. Filter or shorten such prompts, "
                 "lower max_completion_length, or set filter_overlong_prompts=True to skip them with a warning."
             )
-        self.dropped += 1
-        warnings.warn(
-            f"Prompt {item.describe()} of the streamed {self.split} {self.why}: skipped (filter_overlong_prompts=True).",
-            UserWarning,
-            stacklevel=2,
-        )
+        if described not in self.dropped:
+            self.dropped.add(described)
+            warnings.warn(
+                f"A prompt of the streamed {self.split}, {described}, {self.why}: skipped (filter_overlong_prompts=True).",
+                UserWarning,
+                stacklevel=2,
+            )
         return False
 
 

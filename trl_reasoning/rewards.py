@@ -132,8 +132,17 @@ def _call_in_thread(func: Callable, args: tuple, kwargs: dict, timeout: float, n
     threading.Thread(target=target, name=f"reward-{name}", daemon=True).start()
     if not finished.wait(timeout):
         raise RewardTimeoutError(f"Reward function '{name}' did not return within reward_timeout={timeout} s")
-    if "error" in outcome:
-        raise outcome["error"]
+    error = outcome.get("error")
+    if isinstance(error, ValueError) and "signal only works in main thread" in str(error):
+        # A setting, not a sample's fault: raised whatever on_reward_error says (it would exclude every sample).
+        raise RewardFunctionError(
+            f"Reward function '{name}' sets a signal (e.g. math_verify's own parsing timeout, SIGALRM), which works only "
+            f"in the main thread, and reward_timeout={timeout} runs it in a helper thread. Set reward_timeout=None, or "
+            "turn the function's own signal timeout off (math_verify: parse(..., parsing_timeout=None) and "
+            "verify(..., timeout_seconds=None))."
+        ) from error
+    if error is not None:
+        raise error
     return outcome["value"]
 
 

@@ -104,6 +104,30 @@ def task_reward_columns(
     return torch.tensor([name in task_reward_funcs for name in available], dtype=torch.bool), False
 
 
+def _environment_owns_prompts(host) -> bool:
+    """No-positive-resampling retires prompts by the text of the dataset's ``prompt`` column. Where an environment
+    supplies the prompts (TRL 1.16's ``environment_factory`` with no ``prompt`` column, or no dataset: TRL's placeholder
+    rows of empty prompts) every row has the same key, and one passing group would retire them all: nothing is retired
+    in such a run, with a warning."""
+    dataset = host.train_dataset
+    columns = getattr(dataset, "column_names", None)
+    if host.environment_factories is None or columns is None or isinstance(dataset, IterableDataset):
+        return False
+    placeholder = [{"role": "user", "content": ""}]
+    if "prompt" in columns and any(prompt != placeholder for prompt in dataset["prompt"]):
+        return False
+    warnings.warn(
+        f"positive_resampling_threshold={host.args.positive_resampling_threshold} retires prompts by the text of the "
+        "training dataset's 'prompt' column, but here the environment supplies the prompts (the dataset has "
+        f"{'only empty placeholder prompts' if 'prompt' in columns else 'no prompt column'}), so every row would count "
+        "as one prompt. No prompt is retired in this run (training goes on as in TRL). Give the dataset a 'prompt' "
+        "column that tells tasks apart to retire them, or set positive_resampling_threshold=None to silence this.",
+        UserWarning,
+        stacklevel=user_stacklevel(),
+    )
+    return True
+
+
 class Rollout:
     """The scored, selected generation batches of one trainer (``host``); see the module docstring.
 
@@ -114,16 +138,19 @@ class Rollout:
     def __init__(self, host):
         self.host = host
         args = host.args
-        # Which reward functions make the task reward; retirement_needs_task_reward: no-positive-resampling is on but
-        # several reward functions make the task reward ambiguous (no task_reward_funcs), so nothing is retired.
-        self.task_reward_columns, self.retirement_needs_task_reward = task_reward_columns(
+        # Which reward functions make the task reward. retirement_off: no-positive-resampling is on, but what a pass
+        # is or which prompt passed cannot be told (warned once here, or when the first batch shows it), so nothing
+        # more is retired.
+        self.task_reward_columns, self.retirement_off = task_reward_columns(
             args.task_reward_funcs, host.reward_func_names, args.positive_resampling_threshold
         )
+        if args.positive_resampling_threshold is not None and not self.retirement_off:
+            self.retirement_off = _environment_owns_prompts(host)
         self.group_selection = resolve_group_selection(args)
         self.generates_extra_rounds = GROUP_SELECTIONS.get(self.group_selection)().rounds(args.max_num_gen_batches) > 1
         self.last_batch: TrainBatch | None = None
-        self._warned_retirement_suspended = False
         self._prompt_keys: list[str] | None = None
+        self._unfiltered_stream: IterableDataset | None = None  # see without_retired_prompts
         streaming = isinstance(host.train_dataset, IterableDataset)
         # Sampling state (saved in checkpoints): retired prompts, the extra-prompt stream, the sampler's epoch.
         self.prompt_state = PromptState(
@@ -383,11 +410,19 @@ class Rollout:
         local = repeated[self.local_rows(len(repeated) // host.accelerator.num_processes)]
         return [copy.deepcopy(row) for row in local]
 
+    def without_retired_prompts(self, stream: IterableDataset) -> IterableDataset:
+        """A streaming training set has no sampler to leave retired prompts out: its rows are filtered as they are read,
+        by the epoch in which each prompt was retired (from the next epoch on, as the map-style sampler does). Extra
+        prompts keep reading ``stream`` itself (they skip retired prompts on their own), so their position in it does
+        not depend on the filter's epoch."""
+        self._unfiltered_stream = stream
+        return stream.filter(lambda row: not self.prompt_state.excluded_now(prompt_key(row.get("prompt"))))
+
     def _open_stream_pass(self, pass_index: int, skip: int):
         """An iterator over pass ``pass_index`` of the streaming training set for dynamic sampling's extra prompts,
         after its first ``skip`` rows: reshuffled per pass (a seed apart from the dataloader's) when TRL shuffles."""
         host = self.host
-        dataset = host.train_dataset
+        dataset = self._unfiltered_stream if self._unfiltered_stream is not None else host.train_dataset
         if host.shuffle_dataset:
             dataset = dataset.shuffle(seed=host.args.seed + 7919 * (pass_index + 1))
         if skip:
@@ -412,12 +447,12 @@ class Rollout:
         threshold = host.args.positive_resampling_threshold
         if threshold is None:
             return
-        if self.retirement_needs_task_reward:
+        if self.retirement_off:
             host._metrics["train"]["group_selection/retirement_suspended"].append(1.0)
             return
         pass_threshold = host.args.task_pass_threshold
         if pass_threshold is None and not is_correctness_reward(task_rewards):
-            self._suspend_retirement(task_rewards)
+            self._suspend_retirement(task_rewards)  # for the rest of the run: a pass stays undefined
             return
         keys = gather_object([prompt_key(row.get("prompt")) for row in inputs])
         rates = group_pass_rates(task_rewards, host.num_generations, pass_threshold)
@@ -427,13 +462,11 @@ class Rollout:
                 self.prompt_state.retired.retire(keys[group * host.num_generations], epoch)
 
     def _suspend_retirement(self, task_rewards: torch.Tensor) -> None:
-        """A task reward that is not a correctness reward has no pass without ``task_pass_threshold``: retire nothing
-        (as TRL, which never retires), say so once, and count the batches in a metric."""
+        """A task reward that is not a correctness reward has no pass without ``task_pass_threshold``: from here on
+        retire nothing (as TRL, which never retires), say so once, and count the batches in a metric."""
         host = self.host
         host._metrics["train"]["group_selection/retirement_suspended"].append(1.0)
-        if self._warned_retirement_suspended:
-            return
-        self._warned_retirement_suspended = True
+        self.retirement_off = True
         scored = task_rewards[~torch.isnan(task_rewards)]
         example = scored[~torch.isin(scored, torch.tensor([-1.0, 0.0, 1.0], dtype=scored.dtype))][:1].tolist()
         names = [n for n, on in zip(host.reward_func_names, self.task_reward_columns.tolist(), strict=True) if on]
@@ -441,8 +474,8 @@ class Rollout:
             f"No-positive-resampling (positive_resampling_threshold={host.args.positive_resampling_threshold}) "
             f"retires a prompt when enough of its completions pass, and without task_pass_threshold a pass is a "
             f"task reward > 0, which only a correctness reward (values in -1, 0, 1) defines. The task reward "
-            f"({', '.join(names)}) returned {example[0] if example else 'other values'}, so no prompt is retired "
-            "(training goes on over every prompt, as in TRL). Set task_pass_threshold (e.g. 1.0 for a score in [0, 1] "
+            f"({', '.join(names)}) returned {example[0] if example else 'other values'}, so no prompt is retired from "
+            f"now on ({len(self.prompt_state.retired)} were before; training goes on over every other prompt, as in TRL). Set task_pass_threshold (e.g. 1.0 for a score in [0, 1] "
             "where 1 is a full pass) to retire prompts, or positive_resampling_threshold=None to silence this.",
             UserWarning,
             stacklevel=user_stacklevel(),

@@ -672,4 +672,6 @@ class PromptState:
         # sampler would replay epoch 0's order. The checkpoint's own epoch is restored here instead.
         if state.get("sampler_epoch") is not None and self.sampler is not None:
             self.sampler.set_epoch(state["sampler_epoch"])
+        if state.get("sampler_epoch") is not None and self.streaming:  # the pass the stream filter was reading
+            self.stream_epoch = int(state["sampler_epoch"])
         return notes

@@ -152,18 +152,24 @@ class ServerGenerator:
 
     def release(self) -> None:
         """Wait for every request in flight; afterwards the weights on the server are treated as unknown (the next
-        submission pushes its own). Call it before anything else makes the server sample or changes its weights."""
+        submission pushes its own). Call it (on every rank) before anything else makes the server sample or changes
+        its weights. A server that does not answer in time is a ``GeneratorError`` on every rank."""
+        error = None
         if self._main:
             deadline = time.monotonic() + self.timeout
             with self._changed:
-                while self._in_flight:
+                while self._in_flight and error is None:
                     if not self._changed.wait(timeout=max(deadline - time.monotonic(), 0.0)):
-                        raise GeneratorError(
+                        error = (
                             f"The vLLM server did not answer the requests of generation steps {sorted(self._in_flight)} "
                             f"within {self.timeout:g} s (async_timeout). Check that it runs; raise async_timeout if "
                             "generation is that slow."
                         )
+        box = [error]
+        broadcast_object_list(box, from_process=0)  # no rank goes on to a collective the main one left
         self._on_server = None
+        if box[0] is not None:
+            raise GeneratorError(box[0])
 
     def close(self) -> None:
         if self._thread is not None:

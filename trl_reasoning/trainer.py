@@ -59,7 +59,7 @@ from .rewards import (
     wrap_reward_function,
 )
 from .rollout import Rollout, loss_tokens
-from .sampling import RetiredPrompts, prompt_key
+from .sampling import RetiredPrompts
 from .server_generator import SAMPLING_ATTRIBUTES
 from .topk_forward import FORWARD_KEYS, TopKForwardMixin, model_inputs
 from .trl_mirror import k3_kl, masked_means_over_processes
@@ -357,11 +357,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
                         "dataset.rename_column('question', 'prompt')."
                     )
         if self.args.positive_resampling_threshold is not None and isinstance(self.train_dataset, IterableDataset):
-            # A stream has no sampler to leave retired prompts out: its rows are filtered as they are read, by the
-            # epoch in which each prompt was retired (from the next epoch on, as the map-style sampler does).
-            self.train_dataset = self.train_dataset.filter(
-                lambda row: not self.rollout.prompt_state.excluded_now(prompt_key(row.get("prompt")))
-            )
+            self.train_dataset = self.rollout.without_retired_prompts(self.train_dataset)
 
     def _cast_peft_lm_head_to_fp32(self) -> None:
         """The FP32 LM head where TRL's cast fails (PEFT, vision-language models): cast the base model's head (and the
@@ -406,7 +402,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         """Where a batch comes from is ``self.rollout`` (``trl_reasoning.rollout``): rounds, shaping, selection."""
         if self.async_rollouts is not None and self.model.training:
-            self.async_rollouts.begin_generation_step()
+            self.async_rollouts.begin_generation_step(inputs)
         return self.rollout.generation_batch(inputs, "train" if self.model.training else "eval")
 
     def trl_round(self, inputs) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -425,7 +421,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             )
         rewards_per_func, lengths = self._scored_batch
         self._scored_batch = None
-        if self.async_rollouts is not None and "importance_sampling_ratio" in output:
+        if self.async_rollouts is not None and self.model.training and "importance_sampling_ratio" in output:
             changed = importance_weight_share_changed(
                 output["importance_sampling_ratio"],
                 loss_tokens(output),
@@ -553,7 +549,11 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             if folder is None:
                 raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
             resume_from_checkpoint = str(folder)
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        try:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            if self.pipeline is not None:  # also when train() raised: its generator would sample on for nothing
+                self.pipeline.close()
 
     def sampling_state_dict(self) -> dict[str, Any]:
         """The sampling state a checkpoint keeps: retired prompts, the dynamic-sampling prompt stream and the epoch the

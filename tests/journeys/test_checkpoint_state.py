@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -23,7 +24,13 @@ from transformers.trainer_callback import TrainerState
 
 import trl_reasoning as tr
 from journeys._helpers import checkpoint_steps, journey_args, step_losses
-from trl_reasoning.checkpoints import SAMPLING_STATE_FILE, SamplingStateError, write_json_atomically
+from trl_reasoning.checkpoints import (
+    SAMPLING_STATE_FILE,
+    SamplingStateError,
+    checkpoint_problem,
+    read_sampling_state,
+    write_json_atomically,
+)
 
 pytestmark = [pytest.mark.journey, pytest.mark.filterwarnings("ignore::trl_reasoning.DynamicSamplingWarning")]
 
@@ -192,6 +199,61 @@ def test_a_damaged_sampling_state_is_an_error_that_names_the_file_and_the_way_ou
     assert "Resume from an earlier checkpoint, or delete" in message
 
 
+_VALID_STATE = {"retired_prompts": {"epoch_of": {"k": 0}}, "prompt_stream": None, "sampler_epoch": 1}
+
+
+@pytest.mark.parametrize(
+    ("changes", "entry"),
+    [
+        ({"retired_prompts": {}}, "retired_prompts"),
+        ({"retired_prompts": {"epoch_of": {"k": "zero"}}}, "retired_prompts"),
+        ({"prompt_stream": {"remaining": [1, 2]}}, "prompt_stream"),
+        ({"prompt_stream": {"passes": 1, "remaining": [1, None]}}, "prompt_stream"),
+        ({"prompt_stream": {"passes": 1, "streamed": True}}, "prompt_stream"),
+        ({"sampler_epoch": "1"}, "sampler_epoch"),
+        ({"num_samples": 2.5}, "num_samples"),
+    ],
+    ids=[
+        "no_epoch_of",
+        "epoch_not_int",
+        "stream_no_passes",
+        "stream_bad_index",
+        "stream_no_position",
+        "epoch",
+        "size",
+    ],
+)
+def test_a_well_formed_json_with_a_damaged_entry_is_refused_by_name(changes, entry, tmp_path):
+    """Valid JSON whose entries are not what the trainer writes is refused before anything is loaded (it would fail
+    later with a bare KeyError or int() error naming no file), and resume_from_checkpoint=True passes it over."""
+    (tmp_path / SAMPLING_STATE_FILE).write_text(json.dumps({**_VALID_STATE, **changes}))
+    with pytest.raises(SamplingStateError, match=rf"{SAMPLING_STATE_FILE} has a malformed '{entry}' entry"):
+        read_sampling_state(tmp_path)
+    (tmp_path / "trainer_state.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_text("")
+    assert "cannot be read" in checkpoint_problem(tmp_path)
+
+
+def test_a_well_formed_state_is_read_and_a_file_of_bytes_is_a_named_error(tmp_path):
+    path = tmp_path / SAMPLING_STATE_FILE
+    for stream in (None, {"passes": 1, "remaining": [0, 3]}, {"passes": 2, "position": 5, "streamed": True}):
+        path.write_text(json.dumps({**_VALID_STATE, "prompt_stream": stream, "num_samples": 4}))
+        assert read_sampling_state(tmp_path)["prompt_stream"] == stream
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(SamplingStateError, match=rf"{SAMPLING_STATE_FILE} cannot be read \(UnicodeDecodeError"):
+        read_sampling_state(tmp_path)
+
+
+def test_the_state_file_is_readable_as_any_file_the_trainer_writes(tmp_path):
+    """Not mkstemp's 0600: a resume by another user (a shared output_dir, another container UID) can read it."""
+    umask = os.umask(0o022)
+    try:
+        write_json_atomically(tmp_path / SAMPLING_STATE_FILE, _VALID_STATE)
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / SAMPLING_STATE_FILE).stat().st_mode) == 0o644
+
+
 def test_a_missing_sampling_state_is_a_warning_that_names_the_file(tiny_model_path, tmp_path):
     run = tmp_path / "run"
     _dapo(tiny_model_path, run, max_steps=2).train()
@@ -269,6 +331,23 @@ def test_an_always_positive_reward_retires_nothing_and_trains_every_epoch_as_trl
         warnings.simplefilter("error", UserWarning)  # no "suspended" warning
         with_threshold.train()
     assert len(with_threshold.sampling_state_dict()["retired_prompts"]["epoch_of"]) > 0
+
+
+@pytest.mark.slow
+def test_a_reward_seen_to_be_graded_suspends_retirement_for_the_rest_of_the_run(tiny_model_path, tmp_path):
+    """A pass is "task reward > 0" only for a correctness reward: once a batch shows a graded value (0.5), a later
+    batch that happens to hold only 0 and 1 retires nothing either."""
+    calls = []
+
+    def sometimes_graded(completions, **kwargs) -> list[float]:
+        calls.append(len(calls))
+        return [0.5 if len(calls) == 2 else 1.0] * len(completions)
+
+    trainer = _scalerl(tiny_model_path, tmp_path / "run", sometimes_graded, max_steps=5, save_steps=5)
+    with pytest.warns(UserWarning, match=r"returned 0.5, so no prompt is retired from now on \(2 were before"):
+        trainer.train()
+    assert trainer.state.global_step == 5, "the last prompts were retired by a binary-looking batch"
+    assert len(trainer.sampling_state_dict()["retired_prompts"]["epoch_of"]) == 2
 
 
 def test_no_positive_resampling_config_takes_a_pass_threshold(tmp_path):

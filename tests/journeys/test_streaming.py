@@ -100,3 +100,42 @@ def test_scalerl_on_a_stream_that_is_fully_retired_ends_cleanly(tiny_model_path,
     assert any("retired every training prompt" in str(w.message) for w in caught)
     trainer.save_model(str(tmp_path / "final"))
     assert (tmp_path / "final" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_scalerl_on_a_stream_resumed_after_retirements_trains_on_without_them(tiny_model_path, tmp_path):
+    """A stream shorter than the run, resumed at step 6 after prompts were retired in epoch 0. The Trainer resumes a
+    stream by skipping 6 steps' batches from its start, which uses up a whole pass: that epoch must not read as
+    "every prompt retired" (the run ended at once), and the stream's epoch, which decides which retired prompts the
+    stream leaves out, comes from the checkpoint (it restarted at 0, letting retired prompts back)."""
+    rows = list(make_prompts(8))
+    easy = {prompt_key(row["prompt"]) for row in rows[:4]}  # always solved: retired in epoch 0
+    late = {prompt_key(row["prompt"]) for row in rows[4:6]}  # solved from epoch 1 on: retired in epoch 1
+    seen: dict[str, list[tuple[int, int, str]]] = {"full": [], "resumed": []}
+    trainers = {}
+
+    def reward_for(name):
+        def reward(prompts, completions, **kwargs) -> list[float]:
+            trainer = trainers[name]
+            epoch = trainer.sampling_state_dict()["sampler_epoch"]
+            for prompt in prompts[:: trainer.num_generations]:
+                seen[name].append((trainer.state.global_step, epoch, prompt_key(prompt)))
+            solved = easy | late if epoch >= 1 else easy
+            return [1.0 if prompt_key(p) in solved else float(i % 2) for i, p in enumerate(prompts)]
+
+        reward.__name__ = "reward"
+        return reward
+
+    for name in ("full", "resumed"):
+        trainers[name] = _scalerl(tiny_model_path, tmp_path / "run", reward_for(name), rows, max_steps=8, save_steps=6)
+    trainers["full"].train()
+    checkpoint_epoch = max(epoch for step, epoch, _ in seen["full"] if step < 6)
+    assert checkpoint_epoch >= 1, "the run never left its first epoch: the check is vacuous"
+    trainers["resumed"].train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-6"))
+    assert trainers["resumed"].state.global_step == 8
+    assert seen["resumed"] and min(epoch for _, epoch, _ in seen["resumed"]) >= checkpoint_epoch
+    retired = trainers["full"].sampling_state_dict()["retired_prompts"]["epoch_of"]
+    assert {retired[key] for key in late} == {1}, "no prompt was retired in epoch 1: the check is vacuous"
+    assert not {key for _, _, key in seen["resumed"]} & (easy | late), (
+        "a prompt retired before the checkpoint came back"
+    )

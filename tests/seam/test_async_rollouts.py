@@ -25,7 +25,7 @@ from conftest import (
     lora_config,
     make_prompts,
 )
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 import trl_reasoning as tr
 from trl_reasoning.async_rollouts import (
@@ -552,3 +552,65 @@ def test_evaluation_during_training_samples_with_the_current_weights(tiny_model_
     assert trainer.behaviour.generation_steps == 4
     assert logged_metric(trainer, "async/staleness") == [0, 1, 2, 2]
     assert [e for e in trainer.state.log_history if "eval_reward" in e], "evaluation logged nothing"
+
+
+def test_a_train_that_raised_leaves_no_generator_and_the_next_one_resumes_as_the_uninterrupted_run(
+    tiny_model_path, tmp_path
+):
+    """A notebook user's second ``train()`` after an exception (Ctrl-C, a timeout): the worker is stopped when the
+    first one raises, and the resumed run reads ahead from its own position (not the failed run's)."""
+    settings = dict(max_steps=5, max_staleness=2, async_generator="process", save_strategy="steps", save_steps=3)
+    full = _trainer(tiny_model_path, tmp_path / "full", **settings)
+    full_calls = _sampled_batches(full)
+    full.train()
+
+    class Interrupt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 4:
+                raise KeyboardInterrupt
+
+    trainer = _trainer(tiny_model_path, tmp_path / "cut", **settings)
+    trainer.add_callback(Interrupt())
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert trainer.pipeline._generator is None, "the worker outlived the train() that raised"
+    trainer.pop_callback(Interrupt)
+    calls = _sampled_batches(trainer)
+    trainer.train(resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-3"))
+    assert [ids for _, ids, _ in calls] == [ids for _, ids, _ in full_calls[3:]]
+    full_params = dict(full.model.named_parameters())
+    for name, param in trainer.model.named_parameters():
+        torch.testing.assert_close(param, full_params[name], atol=1e-5, rtol=1e-4)
+
+
+def test_the_first_batch_is_sent_before_the_batches_read_ahead(tiny_model_path, tmp_path):
+    """The generator works first-in first-out: the step being trained goes first, then the next ``k``."""
+    trainer = _trainer(tiny_model_path, tmp_path, max_staleness=2, max_steps=3, async_generator="process")
+    order = []
+    submit = trainer.pipeline.submit
+
+    def recorded(step, prompts):
+        if step not in trainer.pipeline._jobs:
+            order.append(step)
+        submit(step, prompts)
+
+    trainer.pipeline.submit = recorded
+    trainer.train()
+    assert order == [0, 1, 2]
+
+
+def test_packed_weights_travel_as_one_shared_block_per_dtype():
+    from trl_reasoning.generator_process import packed, unpacked
+
+    weights = {
+        "a": torch.randn(3, 4),
+        "b": torch.randn(5),
+        "c": torch.randn(2, 2).to(torch.bfloat16),
+        "d": torch.randn(1, 2, 3),
+    }
+    shipped = packed(weights)
+    assert len(shipped["flat"]) == 2 and all(flat.is_shared() for flat in shipped["flat"])
+    back = unpacked(shipped)
+    assert set(back) == set(weights)
+    for name, tensor in weights.items():
+        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor)

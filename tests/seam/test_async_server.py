@@ -307,3 +307,28 @@ def test_server_generator_refusals(tiny_model_path, tmp_path):
 def test_server_generator_refuses_more_than_one_generation_per_step(server_standin, tiny_model_path, tmp_path):
     with pytest.raises(ValueError, match="async_generator='server' does not support more or less than one"):
         _trainer(tiny_model_path, tmp_path, steps_per_generation=2)
+
+
+def test_a_push_that_waits_for_a_server_that_never_answers_is_an_error_in_bounded_time(
+    server_standin, tiny_model_path, tmp_path
+):
+    """The next batch's weights are pushed only after the requests in flight are answered (``release``): a server
+    that never answers them is a ``GeneratorError`` after ``async_timeout`` (decided on the main process and shared
+    with every rank), not a wait forever."""
+    from trl_reasoning.async_rollouts import trainable_parameters
+    from trl_reasoning.generator_process import GenerationJob
+
+    trainer = _trainer(tiny_model_path, tmp_path, async_timeout=2.0, max_staleness=1, max_steps=4)
+    generator = trainer.pipeline.generator
+    prompt_ids = trainer.tokenize_prompts([make_prompts(1)[0]["prompt"]] * trainer.num_generations)
+    snapshot = {name: p.detach().clone() for name, p in trainable_parameters(trainer.model).items()}
+    generator.submit(GenerationJob(0, prompt_ids, snapshot, seed=0))
+    generator.result(0)
+    trainer.vllm_generation.vllm_client.delay = 30.0  # the server stops answering
+    generator.submit(GenerationJob(1, prompt_ids, snapshot, seed=0))  # the same weights: no push, sent at once
+    newer = {name: tensor.clone() for name, tensor in snapshot.items()}
+    started = time.monotonic()
+    with pytest.raises(GeneratorError, match=r"did not answer the requests of generation steps \[1\] within 2 s"):
+        generator.submit(GenerationJob(2, prompt_ids, newer, seed=0))  # a push: waits for step 1 first
+    assert time.monotonic() - started < 20
+    trainer.pipeline.close()
