@@ -139,12 +139,24 @@ class BehaviourWeights:
         os.replace(temporary, path)
 
     def load(self, folder: str | os.PathLike) -> bool:
-        """Read the snapshots from ``folder``; ``False`` when the file is absent. A damaged file is an error naming it."""
+        """Read the snapshots from ``folder``; ``False`` when the file is absent or was saved with another
+        ``max_staleness`` (whose snapshots are not this run's lag: the pipeline restarts, as without the file). A
+        damaged file is an error naming it."""
         path = os.path.join(folder, BEHAVIOUR_WEIGHTS_FILE)
         if not os.path.exists(path):
             return False
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
+            if isinstance(state, dict) and "max_staleness" in state and state["max_staleness"] != self.max_staleness:
+                warnings.warn(
+                    f"{path} was saved with max_staleness={state['max_staleness']}, this run has "
+                    f"max_staleness={self.max_staleness}: its snapshots are not used and the pipeline restarts from "
+                    "the checkpoint's weights (the next batches are less stale than k until the run has made k more "
+                    "steps). Resume with the checkpoint's max_staleness to continue its lag exactly.",
+                    UserWarning,
+                    stacklevel=user_stacklevel(),
+                )
+                return False
             self.load_state_dict(state)
         except (RuntimeError, EOFError, KeyError, TypeError, OSError) as error:
             raise RuntimeError(
@@ -601,8 +613,11 @@ class AsyncRollouts:
         self.behaviour.save(folder)
 
     def restore(self, checkpoint: str | os.PathLike) -> None:
-        """The behaviour weights from ``checkpoint``; without them the pipeline restarts, with a warning."""
-        if not self.behaviour.load(checkpoint):
+        """The behaviour weights from ``checkpoint``; without them (or with another ``max_staleness``'s) the pipeline
+        restarts, with a warning."""
+        if os.path.exists(os.path.join(checkpoint, BEHAVIOUR_WEIGHTS_FILE)):
+            self.behaviour.load(checkpoint)  # warns itself when it cannot use them
+        else:
             warnings.warn(
                 f"{checkpoint} holds no behaviour weights of asynchronous rollouts: the pipeline restarts from the "
                 "checkpoint's weights (the next batches are less stale than in an uninterrupted run).",

@@ -75,8 +75,10 @@ def test_snapshots_survive_a_save_and_a_load(tmp_path):
     with restored.swapped_in({"w": param}):
         assert torch.equal(param.detach(), torch.full((2,), 2.0))
     assert not BehaviourWeights(1).load(tmp_path / "elsewhere")
-    with pytest.raises(ValueError, match="max_staleness=1.*max_staleness=3"):
-        BehaviourWeights(3).load(tmp_path)
+    other_k = BehaviourWeights(3)
+    with pytest.warns(UserWarning, match="saved with max_staleness=1, this run has max_staleness=3"):
+        assert not other_k.load(tmp_path)
+    assert other_k.generation_steps == 0 and other_k.staleness == 0, "another k's snapshots were taken in"
     (tmp_path / BEHAVIOUR_WEIGHTS_FILE).write_bytes(b"")
     with pytest.raises(RuntimeError, match=BEHAVIOUR_WEIGHTS_FILE):
         BehaviourWeights(1).load(tmp_path)
@@ -267,6 +269,14 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tiny_model_path, tmp_path):
     full_params = dict(full.model.named_parameters())
     for name, param in resumed.model.named_parameters():
         torch.testing.assert_close(param, full_params[name], atol=1e-5, rtol=1e-4)
+
+    # Another max_staleness: the saved snapshots are not this lag's; the pipeline restarts and training goes on.
+    other_k = _trainer(tiny_model_path, tmp_path / "cut", **{**settings, "max_staleness": 1})
+    with pytest.warns(UserWarning, match="saved with max_staleness=2, this run has max_staleness=1"):
+        other_k.train(resume_from_checkpoint=str(checkpoint))
+    assert other_k.state.global_step == 6
+    assert after_step_3(other_k, "async/staleness") == [0, 1, 1]
+    assert all(math.isfinite(x) for x in after_step_3(other_k, "loss"))
 
     # Without the behaviour weights (a checkpoint copied without that file) the resume says what it loses.
     (checkpoint / BEHAVIOUR_WEIGHTS_FILE).unlink()
