@@ -266,9 +266,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tiny_model_path, tmp_path):
     torch.testing.assert_close(
         torch.tensor(after_step_3(resumed, "loss")), torch.tensor(after_step_3(full, "loss")), atol=1e-5, rtol=1e-4
     )
-    full_params = dict(full.model.named_parameters())
-    for name, param in resumed.model.named_parameters():
-        torch.testing.assert_close(param, full_params[name], atol=1e-5, rtol=1e-4)
+    _assert_same_parameters(resumed, full)
 
     # Another max_staleness: the saved snapshots are not this lag's; the pipeline restarts and training goes on.
     other_k = _trainer(tiny_model_path, tmp_path / "cut", **{**settings, "max_staleness": 1})
@@ -362,6 +360,13 @@ def test_dynamic_sampling_rounds_share_their_step_s_staleness(tiny_model_path, t
 # ------------------------------------------------------------------------------------------ the generator process
 
 
+def _assert_same_parameters(trainer, reference) -> None:
+    """``trainer``'s model holds ``reference``'s parameters, to the tolerance of a resumed run."""
+    expected = dict(reference.model.named_parameters())
+    for name, param in trainer.model.named_parameters():
+        torch.testing.assert_close(param, expected[name], atol=1e-5, rtol=1e-4)
+
+
 def _sampled_batches(trainer) -> list:
     """Wraps the trainer's ``_generate``: the completion ids of every training generation call, in order."""
     calls = []
@@ -423,9 +428,7 @@ def test_the_generator_process_resumes_as_the_uninterrupted_run(tiny_model_path,
     resumed_calls = _sampled_batches(resumed)
     resumed.train(resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-3"))
     assert [ids for _, ids, _ in resumed_calls] == [ids for _, ids, _ in full_calls[3:]]
-    full_params = dict(full.model.named_parameters())
-    for name, param in resumed.model.named_parameters():
-        torch.testing.assert_close(param, full_params[name], atol=1e-5, rtol=1e-4)
+    _assert_same_parameters(resumed, full)
 
 
 def test_the_generator_process_ships_only_the_adapters_of_a_lora_run(tiny_model_path, tmp_path):
@@ -588,9 +591,7 @@ def test_a_train_that_raised_leaves_no_generator_and_the_next_one_resumes_as_the
     calls = _sampled_batches(trainer)
     trainer.train(resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-3"))
     assert [ids for _, ids, _ in calls] == [ids for _, ids, _ in full_calls[3:]]
-    full_params = dict(full.model.named_parameters())
-    for name, param in trainer.model.named_parameters():
-        torch.testing.assert_close(param, full_params[name], atol=1e-5, rtol=1e-4)
+    _assert_same_parameters(trainer, full)
 
 
 def test_the_first_batch_is_sent_before_the_batches_read_ahead(tiny_model_path, tmp_path):
