@@ -120,15 +120,15 @@ class BehaviourWeights:
             "snapshots": list(self._snapshots),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("max_staleness") != self.max_staleness:
-            raise ValueError(
-                f"The checkpoint's behaviour policy was saved with max_staleness={state.get('max_staleness')}, this "
-                f"run has max_staleness={self.max_staleness}: set it back to resume."
-            )
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
+        """Take ``state``'s snapshots; ``False``, taking nothing, when it was saved with another ``max_staleness``
+        (its snapshots are another lag's)."""
+        if state["max_staleness"] != self.max_staleness:
+            return False
         self._snapshots.clear()
         self._snapshots.extend(state["snapshots"])
         self.generation_steps = int(state["generation_steps"])
+        return True
 
     def save(self, folder: str | os.PathLike) -> None:
         """Write the snapshots into ``folder`` atomically (a temporary file, then ``os.replace``)."""
@@ -147,24 +147,23 @@ class BehaviourWeights:
             return False
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-            if isinstance(state, dict) and "max_staleness" in state and state["max_staleness"] != self.max_staleness:
-                warnings.warn(
-                    f"{path} was saved with max_staleness={state['max_staleness']}, this run has "
-                    f"max_staleness={self.max_staleness}: its snapshots are not used and the pipeline restarts from "
-                    "the checkpoint's weights (the next batches are less stale than k until the run has made k more "
-                    "steps). Resume with the checkpoint's max_staleness to continue its lag exactly.",
-                    UserWarning,
-                    stacklevel=user_stacklevel(),
-                )
-                return False
-            self.load_state_dict(state)
-        except (RuntimeError, EOFError, KeyError, TypeError, OSError) as error:
+            taken = self.load_state_dict(state)
+        except (RuntimeError, EOFError, KeyError, IndexError, TypeError, OSError) as error:
             raise RuntimeError(
                 f"{path} cannot be read ({type(error).__name__}: {error}). Resume from an earlier checkpoint, or delete "
                 "the file to restart the pipeline from the checkpoint's weights (the next batches are then less stale "
                 "than in the uninterrupted run)."
             ) from error
-        return True
+        if not taken:
+            warnings.warn(
+                f"{path} was saved with max_staleness={state['max_staleness']}, this run has "
+                f"max_staleness={self.max_staleness}: its snapshots are not used and the pipeline restarts from "
+                "the checkpoint's weights (the next batches are less stale than k until the run has made k more "
+                "steps). Resume with the checkpoint's max_staleness to continue its lag exactly.",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
+        return taken
 
 
 def importance_weight_share_changed(
