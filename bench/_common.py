@@ -206,6 +206,18 @@ def cpu_threads() -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
 
 
+def use_free_cores(requested: int | None = None) -> int:
+    """Set torch's threads as the main job does (``trl_reasoning.threads``: ``None`` = torch's default less the cores
+    other processes keep busy now, ``0`` = torch's default) and return the count, for the table's header."""
+    import torch
+
+    from trl_reasoning.threads import resolve_threads
+
+    threads = resolve_threads(requested)
+    torch.set_num_threads(threads)
+    return threads
+
+
 #: Two-sided 95% critical values of Student's t by degrees of freedom (used when scipy is not installed).
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 _T95.update({11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093})

@@ -31,7 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import t_interval  # noqa: E402
+from _common import t_interval, use_free_cores  # noqa: E402
 from _results import record  # noqa: E402
 
 RUNS = Path(__file__).with_name("real_model_runs.json")
@@ -73,6 +73,7 @@ def gain(options) -> str:
                 str(seed),
                 "--output_dir",
                 tmp,
+                *(["--num_threads", str(options.num_threads)] if options.num_threads is not None else []),
                 *options.demo_args,
             ]
             started = time.time()
@@ -214,7 +215,7 @@ def overhead(options) -> str:
     from overhead import interleaved_session, ratio_interval
     from transformers import TrainerCallback
 
-    torch.set_num_threads(1)  # as the main job: on a shared 2-core machine, more threads spin against each other
+    use_free_cores(options.num_threads)  # as the main job: torch's default less the cores other processes keep busy
     sessions: dict[str, list[list[float]]] = {"ours": [], "trl": []}
     phases: dict[str, list[dict[str, float]]] = {"ours": [], "trl": []}
 
@@ -280,7 +281,7 @@ TOPK_CONFIGS = {
 }
 
 
-def topk_worker(name: str, steps: int, length: int) -> dict:
+def topk_worker(name: str, steps: int, length: int, num_threads: int | None = None) -> dict:
     from _common import make_rollout, measure_train, prompt_dataset, trainer_classes
     from peft import LoraConfig
     from transformers import AutoTokenizer
@@ -288,7 +289,7 @@ def topk_worker(name: str, steps: int, length: int) -> dict:
     from trl_reasoning.demo.tiny import cpu_config_kwargs
     from trl_reasoning.pretrained import smollm2_path
 
-    torch.set_num_threads(1)
+    use_free_cores(num_threads)
     trainer_name, overrides, from_hidden = TOPK_CONFIGS[name]
     config_class, trainer_class = trainer_classes(trainer_name)
     path = str(smollm2_path())
@@ -325,6 +326,8 @@ def topk_memory(options) -> str:
                 out = os.path.join(tmp, "result.json")
                 command = [sys.executable, __file__, "topk-worker", "--config", name, "--out", out]
                 command += ["--steps", str(options.steps), "--length", str(options.length)]
+                if options.num_threads is not None:
+                    command += ["--num_threads", str(options.num_threads)]
                 result = subprocess.run(command, capture_output=True, text=True)
                 if result.returncode != 0:
                     raise RuntimeError(f"{name} failed:\n{result.stderr[-4000:]}")
@@ -361,7 +364,7 @@ def dynamic_sampling(options) -> str:
     from trl_reasoning.demo.run import REAL_MODEL_TRAINING
     from trl_reasoning.pretrained import smollm2_path
 
-    torch.set_num_threads(1)
+    use_free_cores(options.num_threads)
     path = str(smollm2_path())
     dataset = Dataset.from_list(ArithmeticTask().rl_rows("train"))
     overrides = {key: value for key, value in REAL_MODEL_TRAINING.items() if key not in ("log_level",)}
@@ -417,9 +420,18 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--length", type=int, default=128)
     p = commands.add_parser("dynamic-sampling", help="generated tokens per trained group")
     p.add_argument("--steps", type=int, default=12)
+    for command in commands.choices.values():
+        command.add_argument(
+            "--num_threads",
+            type=int,
+            default=None,
+            help="torch threads (default: auto, torch's default less the cores other processes keep busy; 0: torch's "
+            "default)",
+        )
     options = parser.parse_args(argv)
     if options.command == "topk-worker":
-        Path(options.out).write_text(json.dumps(topk_worker(options.config, options.steps, options.length)))
+        result = topk_worker(options.config, options.steps, options.length, options.num_threads)
+        Path(options.out).write_text(json.dumps(result))
         return ""
     return {"gain": gain, "overhead": overhead, "topk-memory": topk_memory, "dynamic-sampling": dynamic_sampling}[
         options.command

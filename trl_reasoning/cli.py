@@ -27,6 +27,7 @@ from typing import Any
 from trl import ScriptArguments
 
 from .pretrained import BUILTIN_MODELS, SMOLLM2_NAME, PretrainedModelError, resolve_model_path
+from .threads import torch_threads
 
 #: Subcommand -> (module, config class, trainer class).
 PRESETS: dict[str, tuple[str, str, str]] = {
@@ -152,6 +153,10 @@ class DataArguments(ScriptArguments):
             The `k` values logged by the pass@k evaluation.
         pass_at_k_max_prompts (`int`, *optional*):
             Evaluate pass@k on at most this many held-out prompts.
+        num_threads (`int`, *optional*):
+            torch intra-op threads on the CPU: unset = auto (torch's default, one per core, less the cores other
+            processes keep busy when the command starts, shared among the run's processes on this machine; see
+            `trl_reasoning.threads`), `0` = torch's default, `n` = exactly `n`.
     """
 
     task: str | None = field(
@@ -170,6 +175,13 @@ class DataArguments(ScriptArguments):
     )
     pass_at_k: list[int] = field(default_factory=lambda: [1], metadata={"help": "k values of the pass@k logging."})
     pass_at_k_max_prompts: int | None = field(default=None, metadata={"help": "Held-out prompts for pass@k."})
+    num_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "torch threads on the CPU: unset = auto (torch's default less the cores other processes keep "
+            "busy when the command starts), 0 = torch's default, n = exactly n."
+        },
+    )
 
     def __post_init__(self):
         self.reward_funcs = _as_list(self.reward_funcs)
@@ -207,6 +219,10 @@ class EvalArguments:
             Sampling seed (each process draws from `seed + its index`).
         use_cpu (`bool`, *optional*, defaults to `False`):
             Evaluate on the CPU even if a GPU is there (as the training argument of that name).
+        num_threads (`int`, *optional*):
+            torch intra-op threads on the CPU: unset = auto (torch's default, one per core, less the cores other
+            processes keep busy when the command starts, shared among the run's processes on this machine; see
+            `trl_reasoning.threads`), `0` = torch's default, `n` = exactly `n`.
 
     With `--num_processes N` (or `--accelerate_config FILE`) the command runs under `accelerate launch`: each
     process evaluates its share of the prompts and the counts are gathered, so the metrics are those of one process.
@@ -231,6 +247,13 @@ class EvalArguments:
     output_json: str | None = field(default=None, metadata={"help": "Write the metrics to this JSON file."})
     seed: int = field(default=0, metadata={"help": "Sampling seed (each process uses seed + its index)."})
     use_cpu: bool = field(default=False, metadata={"help": "Evaluate on the CPU even if a GPU is available."})
+    num_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "torch threads on the CPU: unset = auto (torch's default less the cores other processes keep "
+            "busy when the command starts), 0 = torch's default, n = exactly n."
+        },
+    )
 
     def __post_init__(self):
         self.reward_funcs = _as_list(self.reward_funcs)
@@ -677,9 +700,11 @@ def run(argv: Sequence[str] | None = None) -> Any:
         return _launch(launch_args, command, rest)
     if command == "eval":
         (eval_args,) = parse("eval", rest)
-        return evaluate(eval_args)
+        with torch_threads(eval_args.num_threads):
+            return evaluate(eval_args)
     data_args, training_args, model_args, mixture = parse(command, rest)
-    return train(data_args, training_args, model_args, load_preset(command)[1], mixture)
+    with torch_threads(data_args.num_threads):
+        return train(data_args, training_args, model_args, load_preset(command)[1], mixture)
 
 
 if __name__ == "__main__":
