@@ -1,10 +1,13 @@
-"""The repository's promises: README's first lines are the two commands, CI runs the README's test command."""
+"""The repository's promises: README's first lines are the two commands, CI runs the README's test command, and
+every document the package's docstrings and comments point to is in the repository, down to the section."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
+ALGORITHMS = "docs/algorithms.md"
 
 
 def _readme_commands() -> list[str]:
@@ -83,3 +86,95 @@ def test_the_built_wheel_has_the_package_its_types_and_trls_constraints(tmp_path
     assert 'trl[vllm]; extra == "vllm"' in requires and 'trl[quantization]; extra == "quantization"' in requires
     assert "Typing :: Typed" in metadata.get_all("Classifier")
     assert "trl-reasoning = trl_reasoning.cli:main" in entry_points
+
+
+# A path ending in .md (``docs/algorithms.md``, ``recipes/README.md``, ``shared/ALGORITHMS.md``), not part of a longer
+# word or path on either side.
+_MD_PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w.-]+\.md)(?![\w-])")
+# A pointer into docs/algorithms.md and the section it names: an anchor (``docs/algorithms.md#loss-aggregation``)
+# and/or a quoted heading right after it (``docs/algorithms.md`` ("Loss aggregation") or ``docs/algorithms.md``, "...").
+_ALGORITHMS_POINTER = re.compile(
+    r"docs/algorithms\.md(?:#(?P<anchor>[\w-]+))?`*(?:\s*[,(]\s*\(?\s*\"(?P<name>[^\"]+)\")?"
+)
+# What the package's modules point to today: a pointer dropped or renamed must be reconsidered here, so the check below
+# can never pass by finding nothing.
+_KNOWN_POINTERS = {
+    ("advantages.py", "Advantage estimators"),
+    ("losses.py", "Per-token policy objectives"),
+    ("aggregation.py", "Loss aggregation"),
+    ("batch.py", "Loss aggregation"),
+    ("shaping.py", "Task reward"),
+    ("logits.py", "DPPO's divergence mask"),
+}
+
+
+def _joined_lines(text: str) -> str:
+    """``text`` with each line break (and the ``#`` of a continued comment) read as one space, so that a section name
+    wrapped over two docstring or comment lines is found whole."""
+    return re.sub(r"[ \t]*\n[ \t]*(?:#[ \t]*)?", " ", text)
+
+
+def _github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation other than ``-`` and ``_`` dropped, spaces to ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _headings(markdown: str) -> list[str]:
+    """The ATX headings of ``markdown`` (outside fenced code blocks), without their ``#`` marks."""
+    headings, fenced = [], False
+    for line in markdown.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and (match := re.match(r"#{1,6} +(.+?) *#* *$", line)):
+            headings.append(match.group(1))
+    return headings
+
+
+def test_every_markdown_file_the_package_cites_exists():
+    cited = {}
+    for module in sorted(ROOT.glob("trl_reasoning/**/*.py")):
+        for path in _MD_PATH.findall(module.read_text()):
+            cited.setdefault(path, []).append(module.relative_to(ROOT).as_posix())
+    missing = {path: modules for path, modules in cited.items() if not (ROOT / path).is_file()}
+    assert not missing, f"trl_reasoning cites Markdown files the repository does not have: {missing}"
+    assert ALGORITHMS in cited and "recipes/README.md" in cited, sorted(cited)
+
+
+def test_every_section_of_the_algorithms_page_the_package_cites_exists():
+    headings = _headings((ROOT / ALGORITHMS).read_text())
+    anchors = {_github_anchor(heading) for heading in headings}
+    found, unnamed, wrong = set(), [], []
+    for module in sorted(ROOT.glob("trl_reasoning/**/*.py")):
+        name = module.relative_to(ROOT / "trl_reasoning").as_posix()
+        for match in _ALGORITHMS_POINTER.finditer(_joined_lines(module.read_text())):
+            anchor, section = match.group("anchor"), match.group("name")
+            if anchor is None and section is None:
+                unnamed.append(name)
+            if anchor is not None and anchor not in anchors:
+                wrong.append((name, f"#{anchor}"))
+            if section is not None:
+                section = " ".join(section.split())
+                found.add((name, section))
+                if section not in headings:
+                    wrong.append((name, section))
+    assert not unnamed, f"pointers to {ALGORITHMS} that name no section (add its heading in quotes): {unnamed}"
+    assert not wrong, f"sections of {ALGORITHMS} cited but not there (headings: {headings}): {wrong}"
+    assert _KNOWN_POINTERS <= found, sorted(_KNOWN_POINTERS - found)
+
+
+def test_the_algorithms_page_and_the_readme_link_to_what_exists():
+    """Relative links resolve, and every anchor into the algorithms page names one of its headings."""
+    anchors = {_github_anchor(heading) for heading in _headings((ROOT / ALGORITHMS).read_text())}
+    broken = []
+    for document in ("README.md", ALGORITHMS):
+        for target in re.findall(r"\]\(([^)\s]+)\)", (ROOT / document).read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            resolved = (ROOT / document).parent / path if path else ROOT / document
+            if not resolved.exists():
+                broken.append((document, target))
+            elif anchor and resolved.resolve() == (ROOT / ALGORITHMS).resolve() and anchor not in anchors:
+                broken.append((document, target))
+    assert not broken, broken
+    assert f"]({ALGORITHMS})" in (ROOT / "README.md").read_text()

@@ -5,7 +5,7 @@ so ``rewards.view(P, G)`` groups them. A ``NaN`` reward marks an *unscorable* co
 returned ``None``, TRL's convention): it is left out of its group's statistics and gets advantage ``0``.
 
 The estimators are computed once, on the whole gathered batch (all processes), never on a micro-batch.
-Formulas and sources: ``shared/ALGORITHMS.md`` ("Advantage estimators").
+Formulas and sources: ``docs/algorithms.md`` ("Advantage estimators").
 """
 
 from __future__ import annotations

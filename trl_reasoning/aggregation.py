@@ -6,7 +6,7 @@ completion, the batch size ``N`` and the group size ``G``. Computing them once, 
 the gradient of an optimizer step independent of how the batch is split across processes and micro-batches. The one
 exception, ``micro_batch_token_mean`` (TRL's ``loss_type="bnpo"``), is registered with ``per_micro_batch=True``: its
 weights come from the micro-batch at loss time, as TRL defines it.
-Table and sources: ``shared/ALGORITHMS.md`` ("Loss aggregation").
+Table and sources: ``docs/algorithms.md`` ("Loss aggregation").
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 All inputs are ``(B, T)`` tensors over completion tokens except ``advantages`` (``(B,)`` or ``(B, 1)``).
 Padding positions may hold anything: the aggregation multiplies by the mask, and the functions keep padding
-finite. Notation and sources: ``shared/ALGORITHMS.md`` ("Per-token policy objectives").
+finite. Notation and sources: ``docs/algorithms.md`` ("Per-token policy objectives").
 
 ``rho = pi / pi_old = exp(logps - old_logps)``. ``sg`` is stop-gradient (``.detach()``).
 

@@ -24,7 +24,7 @@ def combined_rewards(
     """``(N,)`` weighted sum of the reward functions (of those in ``columns``, one bool per function, when given):
     TRL's ``multi_objective_aggregation="sum_then_normalize"``. ``NaN`` where none of them scored the completion.
 
-    With ``columns`` = the task reward functions this is the *task reward* (``shared/ALGORITHMS.md``, "Task
+    With ``columns`` = the task reward functions this is the *task reward* (``docs/algorithms.md``, "Task
     reward") that dynamic sampling, zero-variance filtering and no-positive-resampling judge."""
     weights = weights.to(rewards_per_func.device)
     if columns is not None:
