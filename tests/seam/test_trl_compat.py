@@ -142,9 +142,9 @@ def test_generate_rollout_func_raises_when_required_keys_are_missing(trainer_nam
     assert trainer._last_loaded_step == trainer.state.global_step
 
 
-def test_the_other_overrides_assume_no_state_trls_methods_do_not():
-    """The overrides that wrap TRL's methods on a trainer built without ``__init__``: the checkpoint hooks and the
-    sampler fall back to TRL's own behaviour when trl-reasoning's state was never set up."""
+def test_the_sampler_override_is_trls_on_a_trainer_built_without_init():
+    """The audit of the other overrides: on a trainer built without ``__init__`` (no trl-reasoning state), the sampler
+    override gives TRL's own ``RepeatSampler`` instead of failing on ``self.rollout``."""
     from types import SimpleNamespace
 
     import trl_reasoning as tr
