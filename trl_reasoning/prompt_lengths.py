@@ -24,8 +24,8 @@ _SPECIAL_TOKEN_SLACK = 8
 
 @dataclass(frozen=True)
 class OverlongPrompt:
-    """A prompt that does not fit: its ``index`` in the dataset (or in the stream), its ``tokens`` and a ``preview``
-    of its text."""
+    """A prompt that does not fit: its ``index`` in the dataset, its ``tokens`` and a ``preview`` of its longest
+    part."""
 
     index: int
     tokens: int
@@ -35,13 +35,38 @@ class OverlongPrompt:
         return f"#{self.index} ({self.tokens} tokens: {self.preview})"
 
 
+def _message_text(content: Any) -> str:
+    """A message's text: its content, or the text parts of a list of typed content blocks (multimodal messages)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [block.get("text") for block in content if isinstance(block, dict)]
+        return " ".join(part for part in parts if isinstance(part, str))
+    return "" if content is None else repr(content)
+
+
+def _shorten(text: str, width: int) -> str:
+    """``text`` on one line, its start and end kept when it is longer than ``width`` characters, quoted."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return repr(text)
+    tail = width // 3
+    return repr(f"{text[: width - tail - 3]}...{text[-tail:]}")
+
+
 def preview(prompt: Any, width: int = 60) -> str:
-    """The start of a prompt's text (the last message's content for a conversation), for error messages."""
-    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):
-        prompt = prompt[-1].get("content")
-    text = prompt if isinstance(prompt, str) else repr(prompt)
-    text = text.replace("\n", " ")
-    return repr(text[:width] + "..." if len(text) > width else text)
+    """A prompt's longest part, for error messages: a plain prompt's text, or a conversation's longest message (its
+    role, its place among the messages and its text), shortened to ``width`` characters (start and end kept).
+
+    The longest part is what makes a prompt overlong and what tells it apart, where the last message of a
+    conversation is often a question its prompts share."""
+    if isinstance(prompt, list) and prompt and all(isinstance(message, dict) for message in prompt):
+        texts = [_message_text(message.get("content")) for message in prompt]
+        longest = max(range(len(texts)), key=lambda i: len(texts[i]))
+        role = prompt[longest].get("role", "message")
+        where = f"{role} message {longest + 1} of {len(prompt)}" if len(prompt) > 1 else f"{role} message"
+        return f"{where}: {_shorten(texts[longest], width)}"
+    return _shorten(prompt if isinstance(prompt, str) else repr(prompt), width)
 
 
 def find_overlong_prompts(
@@ -80,10 +105,10 @@ def describe_overlong(found: Sequence[OverlongPrompt], limit: int = 5) -> str:
 
 
 class StreamedPromptCheck:
-    """The same check for a streaming dataset, as its rows are read: a callable for ``IterableDataset.filter`` that
-    drops a prompt longer than ``budget`` tokens with a warning naming it (once, however often the stream is read
-    again: every epoch and dynamic sampling's extra prompts re-read it), or raises a ``ValueError`` naming it when
-    ``drop`` is off. A stream has no index, so a prompt is named by its text."""
+    """The same check for a streaming dataset, as its rows are read: a callable for ``IterableDataset.filter(...,
+    with_indices=True)`` that drops a prompt longer than ``budget`` tokens with a warning naming it by its position in
+    the stream and its longest part (once, however often the stream is read again: every epoch and dynamic sampling's
+    extra prompts re-read it), or raises a ``ValueError`` naming it when ``drop`` is off."""
 
     def __init__(self, budget: int, count_tokens: Callable[[list[Any]], list[int]], split: str, why: str, drop: bool):
         self.budget = budget
@@ -91,23 +116,23 @@ class StreamedPromptCheck:
         self.split = split
         self.why = why
         self.drop = drop
-        self.dropped: set[str] = set()  # the previews of the prompts skipped so far
+        self.dropped: set[int] = set()  # the positions in the stream of the prompts skipped so far
 
-    def __call__(self, row: dict[str, Any]) -> bool:
+    def __call__(self, row: dict[str, Any], position: int) -> bool:
         prompt = row.get("prompt")
         (tokens,) = self.count_tokens([prompt])
         if tokens <= self.budget:
             return True
-        described = f"{preview(prompt)} ({tokens} tokens)"
+        described = f"row {position} of the streamed {self.split} ({tokens} tokens: {preview(prompt)})"
         if not self.drop:
             raise ValueError(
-                f"A prompt of the streamed {self.split}, {described}, {self.why}. Filter or shorten such prompts, "
-                "lower max_completion_length, or set filter_overlong_prompts=True to skip them with a warning."
+                f"The prompt of {described} {self.why}. Filter or shorten such prompts, lower max_completion_length, "
+                "or set filter_overlong_prompts=True to skip them with a warning."
             )
-        if described not in self.dropped:
-            self.dropped.add(described)
+        if position not in self.dropped:
+            self.dropped.add(position)
             warnings.warn(
-                f"A prompt of the streamed {self.split}, {described}, {self.why}: skipped (filter_overlong_prompts=True).",
+                f"The prompt of {described} {self.why}: skipped (filter_overlong_prompts=True).",
                 UserWarning,
                 stacklevel=2,
             )
@@ -157,7 +182,9 @@ class ContextGuard:
             f"{self.max_completion_length} (at most {budget} prompt tokens)"
         )
         if streamed:
-            return dataset.filter(StreamedPromptCheck(budget, self.count_tokens, split, why, self.drop))
+            return dataset.filter(
+                StreamedPromptCheck(budget, self.count_tokens, split, why, self.drop), with_indices=True
+            )
         found = find_overlong_prompts(dataset["prompt"], budget, self.render, self.count_tokens)
         if not found:
             return dataset

@@ -115,9 +115,49 @@ class RewardTimeoutError(RewardFunctionError):
     """A reward function did not return within ``reward_timeout`` seconds."""
 
 
-def _call_in_thread(func: Callable, args: tuple, kwargs: dict, timeout: float, name: str):
+class _StuckCall:
+    """The one call of a sync reward function that timed out and is still running in its helper thread.
+
+    A thread cannot be stopped, so a function that hangs would leave one more thread behind at every call; instead,
+    while its timed-out call is still running the function is not called again (the call counts as timed out), so
+    each reward function holds at most one stuck thread. When that call returns at last, the function is used again.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self.running: threading.Event | None = None  # set when the timed-out call returns; None when none timed out
+        self.warned = False
+
+    def blocks(self) -> bool:
+        """Whether a timed-out call of the function is still running (and the function must not be called)."""
+        if self.running is None:
+            return False
+        if self.running.is_set():
+            logger.info(f"Reward function '{self.name}': its timed-out call returned; it is called again.")
+            self.running, self.warned = None, False
+            return False
+        if not self.warned:
+            self.warned = True
+            logger.warning(
+                f"Reward function '{self.name}' is not called while its call that passed reward_timeout is still "
+                "running (a thread cannot be stopped, so one stuck call per function is the most kept): each call "
+                f"counts as timed out (on_reward_error='exclude': no reward, counted in rewards/{self.name}/errors) "
+                "until that call returns."
+            )
+        return True
+
+
+def _call_in_thread(
+    func: Callable, args: tuple, kwargs: dict, timeout: float, name: str, stuck: _StuckCall | None = None
+):
     """``func(*args, **kwargs)`` in a daemon thread, waited on for ``timeout`` seconds. A call that has not returned by
-    then raises :class:`RewardTimeoutError`; its thread cannot be stopped and is left running in the background."""
+    then raises :class:`RewardTimeoutError`; its thread cannot be stopped and is left running in the background, and
+    recorded in ``stuck`` (if given), so that the function is not called again until it returns."""
+    if stuck is not None and stuck.blocks():
+        raise RewardTimeoutError(
+            f"Reward function '{name}' did not return within reward_timeout={timeout} s (an earlier call is still "
+            "running; the function is not called again until it returns)"
+        )
     outcome: dict = {}
     finished = threading.Event()
 
@@ -131,6 +171,8 @@ def _call_in_thread(func: Callable, args: tuple, kwargs: dict, timeout: float, n
 
     threading.Thread(target=target, name=f"reward-{name}", daemon=True).start()
     if not finished.wait(timeout):
+        if stuck is not None:
+            stuck.running = finished
         raise RewardTimeoutError(f"Reward function '{name}' did not return within reward_timeout={timeout} s")
     error = outcome.get("error")
     if isinstance(error, ValueError) and "signal only works in main thread" in str(error):
@@ -160,8 +202,10 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise", tim
     With ``timeout`` (seconds, the config's ``reward_timeout``) a call that has not returned by then counts as an
     error: under ``"raise"`` a :class:`RewardTimeoutError` naming the function; under ``"exclude"`` every sample of
     the call gets ``None`` without sample-by-sample retries (each could cost a timeout), counted in ``error_count``.
-    A sync function runs in a helper thread for that (a thread that never returns is left running); an async one
-    under ``asyncio.wait_for``.
+    A sync function runs in a helper thread for that; a thread cannot be stopped, so while a call that timed out is
+    still running the function is not called again (each of its calls counts as timed out, with one warning naming
+    it): at most one stuck thread per function, and the function is used again once that call returns. An async one
+    runs under ``asyncio.wait_for``, which cancels it.
 
     The wrapper keeps ``__name__`` (TRL logs rewards under it) and stays a coroutine function when ``func`` is one,
     so TRL still runs async reward functions concurrently. It also checks the number and type of returned rewards.
@@ -270,8 +314,12 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise", tim
         wrapper.error_count += size
         return [None] * size
 
+    stuck = _StuckCall(name)
+
     def _call(*args, **kwargs):
-        return func(*args, **kwargs) if timeout is None else _call_in_thread(func, args, kwargs, timeout, name)
+        if timeout is None:
+            return func(*args, **kwargs)
+        return _call_in_thread(func, args, kwargs, timeout, name, stuck)
 
     async def _call_async(*args, **kwargs):
         if timeout is None:

@@ -377,7 +377,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ TRL private override 1 of 7
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        if self.args.on_reward_error == "exclude":
+        if getattr(self.args, "on_reward_error", "raise") == "exclude":
             mode = "train" if self.model.training else "eval"
             counters = ("error_count", "retried_count")
             counts = torch.tensor(
@@ -401,7 +401,9 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ TRL private override 2 of 7
     def _generate_and_score_completions(self, inputs):
         """Where a batch comes from is ``self.rollout`` (``trl_reasoning.rollout``): rounds, shaping, selection."""
-        if self.async_rollouts is not None and self.model.training:
+        if getattr(self, "rollout", None) is None:  # a trainer not built by __init__ (TRL's tests): TRL's method
+            return super()._generate_and_score_completions(inputs)
+        if getattr(self, "async_rollouts", None) is not None and self.model.training:
             self.async_rollouts.begin_generation_step(inputs)
         return self.rollout.generation_batch(inputs, "train" if self.model.training else "eval")
 
@@ -436,8 +438,9 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ TRL private override 7 of 7
     def _generate(self, prompts):
         """TRL's, or with asynchronous rollouts ``AsyncRollouts.generate``: the behaviour policy samples a training
-        batch and its log-probabilities are recorded."""
-        if self.async_rollouts is None:
+        batch and its log-probabilities are recorded. It assumes no state TRL's method does not (TRL's tests call it
+        on a trainer built without ``__init__``)."""
+        if getattr(self, "async_rollouts", None) is None:
             return super()._generate(prompts)
         return self.async_rollouts.generate(prompts)
 
@@ -485,13 +488,42 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             return
         guard = self.context_guard
         self.train_dataset = guard.without_overlong(self.train_dataset, "train_dataset")
+        # A streamed evaluation set is checked as it is read, so it stays the user's object (as in TRL, whose tests
+        # assert `trainer.eval_dataset is eval_dataset`): the check is attached when its dataloader is built.
         if isinstance(self.eval_dataset, dict):
             self.eval_dataset = {
-                name: guard.without_overlong(data, f"eval_dataset[{name!r}]")
+                name: data
+                if isinstance(data, IterableDataset)
+                else guard.without_overlong(data, f"eval_dataset[{name!r}]")
                 for name, data in self.eval_dataset.items()
             }
-        else:
+            self._eval_split_names = {id(data): f"eval_dataset[{name!r}]" for name, data in self.eval_dataset.items()}
+        elif not isinstance(self.eval_dataset, IterableDataset):
             self.eval_dataset = guard.without_overlong(self.eval_dataset, "eval_dataset")
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        """TRL's, with a streamed evaluation set read through the context check (``ContextGuard``) that a map-style
+        one passed at construction: its overlong prompts are skipped with a warning naming them (or refused by name
+        with ``filter_overlong_prompts=False``)."""
+        resolved = (
+            self.eval_dataset[eval_dataset]
+            if isinstance(eval_dataset, str) and isinstance(self.eval_dataset, dict)
+            else eval_dataset
+            if eval_dataset is not None
+            else self.eval_dataset
+        )
+        guard = getattr(self, "context_guard", None)
+        if not isinstance(resolved, IterableDataset) or guard is None:
+            return super().get_eval_dataloader(eval_dataset)
+        if self.environment_factories is not None or self._is_vlm:
+            return super().get_eval_dataloader(eval_dataset)
+        # one check per stream, kept with the stream itself, so that a prompt skipped is warned about once however
+        # many evaluations re-read it
+        checked = self.__dict__.setdefault("_checked_eval_streams", {})
+        if id(resolved) not in checked:
+            split = getattr(self, "_eval_split_names", {}).get(id(resolved), "eval_dataset")
+            checked[id(resolved)] = (resolved, guard.without_overlong(resolved, split))
+        return super().get_eval_dataloader(checked[id(resolved)][1])
 
     def _bare_model(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
         """``accelerator.unwrap_model(model)`` (the trained model by default), kept per wrapper: accelerate reads
@@ -506,6 +538,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _get_train_sampler(self, dataset=None):
         """TRL's ``RepeatSampler`` order (epoch 0 is the same permutation), made a function of the epoch so that a
         resumed run sees the same prompts, and skipping retired prompts (see ``EpochRepeatSampler``)."""
+        if getattr(self, "rollout", None) is None:  # a trainer not built by __init__ (TRL's tests): TRL's sampler
+            return super()._get_train_sampler(dataset)
         if dataset is None:
             dataset = self.train_dataset
         return self.rollout.prompt_state.new_sampler(
@@ -520,17 +554,17 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         # The sampling state goes in first, atomically: the Trainer writes trainer_state.json last (then starts the hub
         # push), so a checkpoint whose trainer_state.json reads always holds its whole sampling state.
-        if self.args.should_save:
+        if self.args.should_save and getattr(self, "rollout", None) is not None:
             folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
             self.rollout.save(folder)
-            if self.async_rollouts is not None:
+            if getattr(self, "async_rollouts", None) is not None:
                 self.async_rollouts.save(folder)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None:
-            if self.async_rollouts is not None:
+        if checkpoint is not None and getattr(self, "rollout", None) is not None:
+            if getattr(self, "async_rollouts", None) is not None:
                 self.async_rollouts.restore(checkpoint)
             self.rollout.restore(checkpoint)
 

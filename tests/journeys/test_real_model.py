@@ -90,6 +90,17 @@ def test_the_cli_prints_the_path_and_accepts_the_name(real_model_cache, capsys):
     assert resolve_model_path("./some/other/model") == "./some/other/model"
 
 
+def test_the_real_folder_records_its_files_and_passes_every_check(real_model_cache):
+    """The real conversion records every file's size and SHA-256, passes the hash check, and passes the checks that
+    load nothing (those a folder converted before the record gets: the safetensors header against the file size)."""
+    folder = smollm2_path(real_model_cache, verify=True)
+    recorded = json.loads((folder / MARKER_FILE).read_text())["files"]
+    assert set(recorded) >= set(pretrained.REQUIRED_FILES)
+    assert recorded["model.safetensors"]["size"] == (folder / "model.safetensors").stat().st_size
+    assert pretrained.folder_problem(folder, SMOLLM2, check_hashes=True) is None
+    assert pretrained._unrecorded_folder_problem(folder) is None
+
+
 def test_missing_wheel_names_the_install_commands(monkeypatch, tmp_path):
     def not_installed(name):
         raise importlib.metadata.PackageNotFoundError(name)

@@ -201,7 +201,7 @@ def test_trl_fields_are_honoured(trl_kwargs, expected):
         (tr.MaxRLConfig, {"maxrl_reward_threshold": -1.0}, "maxrl_reward_threshold must be >= 0"),
         (tr.MaxRLConfig, {"overlong_cache_length": 4}, "overlong_cache_length shapes the reward"),
         (tr.ReasoningConfig, {"epsilon_high": -0.1}, "epsilon_high must be > 0"),
-        (tr.CISPOConfig, {"delta": 2.0}, "delta=2.0 (two-sided clipping) applies to policy_loss='clip' (and 'gspo') only"),
+        (tr.DPPOConfig, {"delta": 2.0}, "delta=2.0 (two-sided clipping) applies to policy_loss='clip' (and 'gspo') only"),
         (tr.DPPOConfig, {"importance_sampling_level": "sequence"}, "importance_sampling_level='sequence' takes one importance ratio per sequence, which policy_loss='dppo'"),
         (tr.ReasoningConfig, {"importance_sampling_level": "batch"}, "Unknown importance_sampling_level 'batch'"),
         (tr.ReasoningConfig, {"multi_objective_aggregation": "average"}, "Unknown multi_objective_aggregation 'average'"),
@@ -215,6 +215,19 @@ def test_trl_fields_are_honoured(trl_kwargs, expected):
 def test_invalid_values_fail_at_construction_naming_the_field(config_cls, kwargs, message):
     with pytest.raises(ValueError, match=_literal(message)):
         make(config_cls, **kwargs)
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo"])
+def test_delta_with_a_loss_type_trl_runs_without_it_is_accepted_and_ignored_as_in_trl(loss_type):
+    """TRL accepts `delta` with these loss types and leaves it out of their loss; so does ReasoningConfig (with a
+    warning), and the policy loss is not given it."""
+    GRPOConfig(**cpu_args(loss_type=loss_type, delta=2.0))  # TRL's own config accepts it
+    with pytest.warns(UserWarning, match=rf"delta=2.0 .* is ignored by policy_loss='{loss_type}'"):
+        config = make(tr.ReasoningConfig, loss_type=loss_type, delta=2.0)
+    assert config.policy_loss == loss_type and config.delta == 2.0
+    from trl_reasoning.losses import POLICY_LOSSES
+
+    assert "delta" not in POLICY_LOSSES.kwargs_for(loss_type, {"delta": 2.0})
 
 
 def _literal(text: str) -> str:
