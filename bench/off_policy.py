@@ -45,7 +45,7 @@ from _results import record  # noqa: E402
 RUNS = Path(__file__).with_name("off_policy_runs.json")
 ARMS = ("trl", "ours", "ours-trl-forward")
 #: The config field that takes pi_old from TRL's own forward again (``ours-trl-forward``).
-TRL_FORWARD_SWITCH: dict[str, object] = {"pi_old_from_loss_forward": False}
+TRL_FORWARD_SWITCH: dict[str, object] = {"importance_sampling_pi_old_from_loss": False}
 
 
 def _hash_tokens(text: str, index: int, length: int, vocab: int, avoid: set[int]) -> list[int]:

@@ -30,6 +30,7 @@ from transformers import TrainerCallback
 
 from ._warnings import user_stacklevel
 from .generator_process import GenerationJob, GeneratorError, GeneratorProcess, SamplingSettings, padded_batch
+from .importance_sampling import weight_share_changed
 from .server_generator import ServerGenerator
 
 BEHAVIOUR_WEIGHTS_FILE = "trl_reasoning_behaviour_weights.pt"
@@ -169,25 +170,10 @@ class BehaviourWeights:
 def importance_weight_share_changed(
     ratio: torch.Tensor, mask: torch.Tensor, mode: str, clip_min: float | None, clip_max: float | None
 ) -> float:
-    """The share of completion tokens (or sequences, for TRL's ``sequence_*`` modes) whose importance-sampling weight
-    TRL's correction changed: masked to 0 (``*_mask``) or truncated at ``clip_max`` (``*_truncate``)."""
-    if mode.startswith("sequence"):
-        weights = ratio.reshape(ratio.size(0), -1)[:, 0]
-        counted = mask.sum(dim=1) > 0
-    else:
-        weights, counted = ratio, mask.bool()
-    weights = weights[counted]
-    if weights.numel() == 0:
-        return 0.0
-    if mode.endswith("mask"):
-        changed = weights == 0
-    else:
-        changed = torch.zeros_like(weights, dtype=torch.bool)
-        if clip_max is not None:
-            changed = changed | (weights >= clip_max)
-        if clip_min is not None:
-            changed = changed | (weights <= clip_min)
-    return changed.float().mean().item()
+    """The share of completion tokens (or sequences, for the ``sequence_*`` modes) whose importance-sampling weight
+    the correction changed: masked to 0 (``*_mask``, ``token_icepop``) or truncated at a bound (``*_truncate``)."""
+    changed, counted = weight_share_changed(ratio, mask, mode, clip_min, clip_max)
+    return changed / counted if counted else 0.0
 
 
 def async_rollouts_problem(*, sharded: bool, vision_language: bool, uses_vllm: bool) -> str | None:
@@ -423,7 +409,7 @@ class AsyncRollouts:
     The trainer (``host``, the seam) calls :meth:`begin_generation_step` at each generation step, :meth:`generate` in
     place of TRL's ``_generate``, :meth:`scoring` around TRL's scoring of a batch, and lends it: ``trl_generate(prompts)``
     (TRL's ``_generate``), ``behaviour_logps(output)``, ``tokenize_prompts(prompts)``, and TRL's state (``args``,
-    ``model``, ``accelerator``, ``use_vllm``, ``vllm_importance_sampling_correction``, ``_last_loaded_step``,
+    ``model``, ``accelerator``, ``use_vllm``, ``_last_loaded_step``,
     ``rollout_func``, ``vllm_generation``, ``_metrics``, ``_tokenizer``, ``_engine_topk`` and the sampling settings).
     """
 
@@ -508,28 +494,22 @@ class AsyncRollouts:
         return self.pipeline.read_ahead.take(epoch_iterator, num_batches, self.behaviour.generation_steps)
 
     @contextlib.contextmanager
-    def scoring(self, uses_trl_is_ratio: bool) -> Iterator[None]:
+    def scoring(self) -> Iterator[None]:
         """Around TRL's scoring of a training batch. TRL computes its importance-sampling correction between ``pi_old``
         and the sampler's log-probs only when ``use_vllm``: an asynchronous batch takes that same path (TRL's code,
         modes and metrics), so ``use_vllm`` reads True while TRL scores it (:meth:`generate` restores the real backend
-        for generation).
-
-        A loss that takes its ratio against the sampler itself (CISPO, DPPO: ``uses_trl_is_ratio=False``) never
-        applies that correction, so TRL is not asked for it: that skips TRL's extra no-grad forward for ``pi_old`` (a
-        quarter of a step on SmolLM2-135M), which then only fed the correction. Where TRL still needs ``pi_old`` (more
-        than one update per batch) it computes it anyway; otherwise ``pi_old = pi_theta`` and the loss takes its own
-        forward's log-probs."""
+        for generation). Whether TRL builds the correction itself, or the loss does from its own forward, is the
+        trainer's choice (``ReasoningTrainer._importance_sampling_source``)."""
         host = self.host
         if not host.model.training:
             yield
             return
-        saved = host.use_vllm, host.vllm_importance_sampling_correction
+        saved = host.use_vllm
         host.use_vllm = True
-        host.vllm_importance_sampling_correction = saved[1] and uses_trl_is_ratio
         try:
             yield
         finally:
-            host.use_vllm, host.vllm_importance_sampling_correction = saved
+            host.use_vllm = saved
 
     # ------------------------------------------------------------------------------------------------ generation
     def generate(self, prompts):

@@ -21,6 +21,7 @@ from trl import GRPOConfig
 from ._warnings import user_stacklevel
 from .advantages import ADVANTAGE_ESTIMATORS, GROUP_RELATIVE_ESTIMATORS
 from .aggregation import AGGREGATIONS
+from .importance_sampling import check_mode as check_importance_sampling_mode
 from .losses import DPPO_DEFAULT_THRESHOLDS, IMPORTANCE_SAMPLING_LEVELS, POLICY_LOSSES
 from .model_card import record_derived_values
 from .rewards import REWARD_ERROR_POLICIES
@@ -192,6 +193,17 @@ class ReasoningConfig(GRPOConfig):
         async_timeout (`float`, *optional*, defaults to `600.0`):
             `"process"` and `"server"`: seconds the trainer waits for a batch before a `GeneratorError`; a worker
             that dies is reported within a second.
+        importance_sampling_pi_old_from_loss (`bool`, *optional*, defaults to `True`):
+            Where `π_old` of the importance-sampling correction between `π_old` and the sampler `μ` (vLLM or
+            asynchronous rollouts, `vllm_importance_sampling_*`) comes from. `True`: from the loss's own forward
+            (its detached log-probs) wherever that is exact, that is when `gradient_accumulation_steps` is a multiple
+            of `steps_per_generation * num_iterations` (each generation batch is scored and trained within one
+            optimizer step: TRL's default); TRL's separate no-grad forward over the batch is skipped and its
+            `sampling/*` metrics are computed in the loss, with the same values. Elsewhere TRL's forward stays.
+            `False`: TRL's forward at scoring, as `GRPOTrainer` does. `vllm_importance_sampling_mode` also takes
+            `"sequence_geo_truncate"` and `"sequence_geo_mask"` (the geometric mean of the token ratios: Geo-RS) and
+            `"token_icepop"` (IcePop's band mask; set the band with `vllm_importance_sampling_clip_min/max`, IcePop:
+            0.5 and 5); see `trl_reasoning.importance_sampling`. Logged: `sampling/effective_sample_size`.
 
         > Parameters of fault handling
 
@@ -352,6 +364,14 @@ class ReasoningConfig(GRPOConfig):
         default=600.0,
         metadata={
             "help": "Asynchronous rollouts with async_generator='process' or 'server': seconds to wait for a batch."
+        },
+    )
+    importance_sampling_pi_old_from_loss: bool = field(
+        default=True,
+        metadata={
+            "help": "Take pi_old of the vLLM/asynchronous importance-sampling correction from the loss's own forward "
+            "where exact (gradient_accumulation_steps a multiple of steps_per_generation * num_iterations), skipping "
+            "TRL's extra no-grad forward. False = TRL's forward at scoring."
         },
     )
     on_reward_error: str = field(
@@ -578,6 +598,16 @@ class ReasoningConfig(GRPOConfig):
             raise ValueError(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}.")
         if self.async_generator not in ("inline", "process", "server"):
             raise ValueError(f"async_generator must be 'inline', 'process' or 'server', got {self.async_generator!r}.")
+        check_importance_sampling_mode(self.vllm_importance_sampling_mode)
+        if (
+            self.vllm_importance_sampling_mode == "sequence_geo_truncate"  # TRL checks its own truncating modes
+            and self.vllm_importance_sampling_clip_min is None
+            and self.vllm_importance_sampling_clip_max is None
+        ):
+            raise ValueError(
+                f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r} truncates the importance "
+                "weights: set vllm_importance_sampling_clip_min or vllm_importance_sampling_clip_max."
+            )
         if not self.async_timeout > 0:
             raise ValueError(f"async_timeout must be > 0 seconds, got {self.async_timeout}.")
         if self.async_generator != "inline" and self.async_rollouts is not False and self.max_staleness < 1:

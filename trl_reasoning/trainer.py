@@ -45,11 +45,20 @@ from trl.trainer.utils import add_fused_lm_head
 
 from ._warnings import user_stacklevel
 from .aggregation import AGGREGATIONS, aggregate_loss, completion_weights
-from .async_rollouts import async_rollouts_for, importance_weight_share_changed
+from .async_rollouts import async_rollouts_for
 from .batch import TrainBatch
 from .checkpoints import last_complete_checkpoint
 from .config import ReasoningConfig
 from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
+from .importance_sampling import (
+    ICEPOP_MODE,
+    TRL_IMPORTANCE_SAMPLING_MODES,
+    CorrectionStats,
+    correction_weight,
+    effective_sample_size_terms,
+    ess_from_terms,
+    weight_share_changed,
+)
 from .lm_head import cast_lm_head_to_fp32, unwrap_peft
 from .losses import POLICY_LOSSES, compute_policy_loss
 from .model_card import ReasoningModelCardMixin
@@ -139,6 +148,10 @@ TRL_INSTANCE_ATTRIBUTES = (
     "epsilon_high",
     "use_vllm",
     "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_clip_max",
+    "_step",
     "off_policy_mask_threshold",
     "top_entropy_quantile",
     "use_adaptive_entropy",
@@ -313,6 +326,43 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self.async_rollouts = async_rollouts_for(self)
         self.behaviour = self.async_rollouts and self.async_rollouts.behaviour
         self.pipeline = self.async_rollouts and self.async_rollouts.pipeline
+        # The vLLM / asynchronous importance-sampling correction: who builds its weight, and its metrics of the
+        # generation batch being trained on (accumulated over the micro-batches when the loss builds it).
+        self._correction_source = self._importance_sampling_source()
+        self._correction_stats = {
+            mode: CorrectionStats(
+                self.vllm_importance_sampling_mode,
+                self.vllm_importance_sampling_clip_min,
+                self.vllm_importance_sampling_clip_max,
+            )
+            for mode in ("train", "eval")
+        }
+
+    def _importance_sampling_source(self) -> str | None:
+        """Where the weight of TRL's importance-sampling correction between ``pi_old`` and the sampler is built:
+
+        - ``None``: nowhere (the correction is off, the run samples neither with vLLM nor asynchronously, or the loss
+          takes its ratio against the sampler itself: DPPO, asynchronous CISPO). TRL is not asked for it either, which
+          skips TRL's no-grad forward for ``pi_old`` where TRL ran it only for the correction.
+        - ``"loss"``: in ``_compute_loss``, from the loss forward's own detached log-probs. Exact when the weights do
+          not change between a batch's scoring and its loss: ``gradient_accumulation_steps`` is a multiple of
+          ``steps_per_generation * num_iterations`` (TRL's own condition for dropping ``pi_old``), so every
+          generation batch is scored and trained within one optimizer step. TRL's forward for ``pi_old`` is skipped.
+        - ``"trl"``: TRL's own code at scoring (its forward, ratio and metrics): TRL's modes where ``"loss"`` is not
+          exact or ``importance_sampling_pi_old_from_loss=False``.
+        - ``"scoring"``: this package's modes where ``"loss"`` is not taken: built at scoring from TRL's ``pi_old``
+          (or from a forward of the same weights when TRL does not compute it)."""
+        args = self.args
+        if not (args.vllm_importance_sampling_correction and self._uses_trl_is_ratio()):
+            return None
+        if not (self.use_vllm or self.async_rollouts is not None):
+            return None
+        one_update_per_batch = (
+            args.gradient_accumulation_steps % (args.steps_per_generation * self.num_iterations) == 0
+        )
+        if args.importance_sampling_pi_old_from_loss and one_update_per_batch:
+            return "loss"
+        return "trl" if self.vllm_importance_sampling_mode in TRL_IMPORTANCE_SAMPLING_MODES else "scoring"
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """The Trainer's; with a generator that samples ahead, the next ``max_staleness`` steps' batches are read
@@ -413,9 +463,10 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self._scored_batch = None
         if self._engine_topk is not None:
             self._engine_topk = []
-        scoring = self.async_rollouts and self.async_rollouts.scoring(uses_trl_is_ratio=self._uses_trl_is_ratio())
-        with scoring or contextlib.nullcontext():
+        with self._trl_scoring() as corrected:
             output = super()._generate_and_score_completions(inputs)
+            if corrected and self._correction_source == "scoring":
+                self._correction_at_scoring(output)
         if self._scored_batch is None:
             raise TRLCompatibilityError(
                 "GRPOTrainer._generate_and_score_completions no longer calls _calculate_rewards; trl-reasoning "
@@ -423,17 +474,80 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             )
         rewards_per_func, lengths = self._scored_batch
         self._scored_batch = None
-        if self.async_rollouts is not None and self.model.training and "importance_sampling_ratio" in output:
-            changed = importance_weight_share_changed(
-                output["importance_sampling_ratio"],
-                loss_tokens(output),
-                self.vllm_importance_sampling_mode,
+        if self._correction_source == "trl" and "importance_sampling_ratio" in output:
+            self._log_trl_correction(output)
+        return output, rewards_per_func, lengths
+
+    @contextlib.contextmanager
+    def _trl_scoring(self):
+        """Around TRL's scoring of a batch: an asynchronous batch takes TRL's vLLM path (``AsyncRollouts.scoring``),
+        and TRL builds its importance-sampling correction only where :meth:`_importance_sampling_source` says
+        ``"trl"`` (elsewhere its no-grad forward for ``pi_old`` would only feed a correction built here, or none).
+        Yields whether the correction applies to this batch."""
+        async_scoring = self.async_rollouts.scoring() if self.async_rollouts is not None else contextlib.nullcontext()
+        with async_scoring:
+            requested = self.vllm_importance_sampling_correction
+            applies = bool(requested and self.use_vllm and self._correction_source is not None)
+            self.vllm_importance_sampling_correction = requested and self._correction_source == "trl"
+            try:
+                yield applies
+            finally:
+                self.vllm_importance_sampling_correction = requested
+
+    def _correction_at_scoring(self, output: dict) -> None:
+        """This package's modes where the loss cannot build the weight: from TRL's ``pi_old`` (or, where TRL skipped
+        it, a no-grad forward of the same weights), at scoring, with TRL's metrics."""
+        old = output.get("old_per_token_logps")
+        if old is None:
+            old = self.behaviour_logps(output)
+            output["old_per_token_logps"] = old
+        mask = loss_tokens(output)
+        sampler = output["sampling_per_token_logps"]
+        weight = self._correction_weight(old, sampler, mask)
+        output["importance_sampling_ratio"] = weight
+        mode = "train" if self.model.training else "eval"
+        self._correction_stats[mode].add(old, sampler, mask, weight)
+        self._log_correction_stats(mode)
+
+    def _correction_weight(self, old_logps, sampler_logps, mask) -> torch.Tensor:
+        return correction_weight(
+            old_logps,
+            sampler_logps,
+            mask,
+            self.vllm_importance_sampling_mode,
+            self.vllm_importance_sampling_clip_min,
+            self.vllm_importance_sampling_clip_max,
+        )
+
+    def _log_correction_stats(self, mode: str) -> None:
+        """Log the accumulated correction metrics of one generation batch (a collective: every process calls it at
+        the same point)."""
+        values = self._correction_stats[mode].reduce(self.accelerator.gather, self.accelerator.device)
+        changed = values.pop("is_weight_changed")
+        for key, value in values.items():
+            self._metrics[mode][key].append(value)
+        if self.async_rollouts is not None and mode == "train":
+            self._metrics[mode]["async/is_weight_changed"].append(changed)
+
+    def _log_trl_correction(self, output: dict) -> None:
+        """Next to TRL's own ``sampling/*`` metrics: the effective sample size of its weights and, on an asynchronous
+        batch, the share of weights its mode changed."""
+        mode = "train" if self.model.training else "eval"
+        ratio, mask = output["importance_sampling_ratio"], loss_tokens(output)
+        sampling_mode = self.vllm_importance_sampling_mode
+        device = self.accelerator.device
+        terms = self.accelerator.reduce(effective_sample_size_terms(ratio, mask, sampling_mode).to(device), "sum")
+        self._metrics[mode]["sampling/effective_sample_size"].append(ess_from_terms(terms))
+        if self.async_rollouts is not None and mode == "train":
+            changed, counted = weight_share_changed(
+                ratio,
+                mask,
+                sampling_mode,
                 self.vllm_importance_sampling_clip_min,
                 self.vllm_importance_sampling_clip_max,
             )
-            share = self.accelerator.gather(torch.tensor([changed], device=self.accelerator.device)).mean().item()
-            self._metrics["train"]["async/is_weight_changed"].append(share)
-        return output, rewards_per_func, lengths
+            share = torch.tensor([changed / counted if counted else 0.0], device=device)
+            self._metrics[mode]["async/is_weight_changed"].append(self.accelerator.gather(share).mean().item())
 
     # ------------------------------------------------------------------ TRL private override 7 of 7
     def _generate(self, prompts):
@@ -624,6 +738,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         if "row_active" in inputs:  # groups dropped by group selection: no loss, no metrics
             mask = mask * inputs["row_active"].unsqueeze(1)
         per_token_logps, entropies, topk_logps, aux_loss = self._policy_forward(model, inputs)
+        inputs = self._with_loss_side_correction(inputs, per_token_logps, mode)
         entropy_mask = (
             self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
             if self.top_entropy_quantile < 1.0
@@ -643,6 +758,35 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather(aux_loss.detach()).mean().item())
         self._log_loss_metrics(mode, mask, entropies, stats, policy_loss, per_token_kl)
         return loss
+
+    def _with_loss_side_correction(self, inputs, per_token_logps, mode: str) -> dict:
+        """``inputs`` with the importance-sampling weight built from this forward's detached log-probs (``pi_old``
+        exactly, see :meth:`_importance_sampling_source`), where TRL's scoring did not build one; it is then applied
+        exactly where TRL's ratio is. TRL's ``sampling/*`` metrics (and the ESS) are accumulated over the micro-batches
+        of the generation batch and logged once, after its last: the values ``GRPOTrainer`` logs at scoring."""
+        if (
+            self._correction_source != "loss"
+            or "importance_sampling_ratio" in inputs
+            or "sampling_per_token_logps" not in inputs
+            or not (self.use_vllm or (self.async_rollouts is not None and mode == "train"))
+        ):
+            return inputs
+        old = inputs.get("old_per_token_logps")
+        old = per_token_logps.detach() if old is None else old
+        sampler, mask = inputs["sampling_per_token_logps"], loss_tokens(inputs)
+        weight = self._correction_weight(old, sampler, mask)
+        if mode == "eval":  # one generation batch is one evaluation batch
+            self._correction_stats[mode].add(old, sampler, mask, weight)
+            self._log_correction_stats(mode)
+        else:
+            # TRL's buffer: micro-batch self._step % steps_per_generation of the generation batch, trained
+            # num_iterations times; its metrics are those of its first pass
+            position = self._step % (self.args.steps_per_generation * self.num_iterations)
+            if position < self.args.steps_per_generation:
+                self._correction_stats[mode].add(old, sampler, mask, weight)
+            if position == self.args.steps_per_generation - 1:
+                self._log_correction_stats(mode)
+        return {**inputs, "importance_sampling_ratio": weight}
 
     def _loss_weights_and_scale(self, inputs, mask, mode: str) -> tuple[torch.Tensor, float]:
         """The weights ``w_i`` of this micro-batch's rows and the factor on ``sum_i w_i sum_t l_it m_it``.
@@ -710,7 +854,10 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             bias_correction=args.use_bias_correction_kl,
             sequence_level=args.importance_sampling_level == "sequence",
         )
-        return per_token_loss + self.beta * per_token_kl, per_token_kl, stats
+        kl_term = self.beta * per_token_kl
+        if self.vllm_importance_sampling_mode == ICEPOP_MODE and "importance_sampling_ratio" in inputs:
+            kl_term = kl_term * (inputs["importance_sampling_ratio"] > 0)  # IcePop: a masked token has no gradient
+        return per_token_loss + kl_term, per_token_kl, stats
 
     def _ratio_to_sampler(self) -> bool:
         """A loss registered ``async_ratio_to_sampler`` (CISPO) on an asynchronous run: its ratio is ``pi / mu``."""

@@ -193,17 +193,17 @@ def test_each_loss_takes_the_ratio_it_is_defined_with(policy_loss, tiny_model_pa
     inputs = _stale_batch(trainer)
     mask = inputs["completion_mask"].float()
     mu = inputs["sampling_per_token_logps"]
+    # In one update per batch pi_old is pi_theta, which the loss takes from its own forward: TRL is asked neither for
+    # its extra forward nor, for a ratio against the sampler, for its correction
+    assert "old_per_token_logps" not in inputs and "importance_sampling_ratio" not in inputs
+    with torch.no_grad():
+        old = trainer.behaviour_logps(inputs)
     if policy_loss == "clip":
-        old = inputs["old_per_token_logps"]
-        # TRL's token_truncate correction between pi_old and mu, exactly
+        # TRL's token_truncate correction between pi_old and mu, exactly, built in the loss from its forward
+        inputs = trainer._with_loss_side_correction(inputs, old, "train")
+        inputs["old_per_token_logps"] = old  # pi_theta is moved off pi_old below: pass pi_old itself
         want_ratio = torch.clamp(torch.exp((old - mu) * mask), max=3.0)
         torch.testing.assert_close(inputs["importance_sampling_ratio"] * mask, want_ratio * mask)
-    else:
-        # TRL's correction is never applied to a ratio against the sampler, so TRL is not asked for it nor for its
-        # extra forward: in one update per batch pi_old is pi_theta, which the loss takes from its own forward
-        assert "old_per_token_logps" not in inputs and "importance_sampling_ratio" not in inputs
-        with torch.no_grad():
-            old = trainer.behaviour_logps(inputs)
     assert float(((mu - old).abs() * mask).max()) > 1e-4, "the batch is not stale"
 
     logps = (old + 0.05 * torch.randn_like(old)).requires_grad_()
