@@ -149,7 +149,9 @@ def test_with_the_switch_off_the_policy_is_scored_as_trl_scores_it(tiny_model_pa
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     length = inputs["completion_ids"].size(1)
     ours, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, attention_mask, length)
-    trl, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(trainer, trainer.model, input_ids, attention_mask, length)
+    trl, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+        trainer, trainer.model, input_ids, attention_mask, length
+    )
     assert torch.equal(ours, trl)
     # TRL's biased ratio: the full vocabulary's probability is below the truncated one on every kept token
     ratio = ((ours - inputs["sampling_per_token_logps"]) * mask).exp()
