@@ -31,6 +31,7 @@ from transformers import TrainerCallback
 from ._warnings import user_stacklevel
 from .generator_process import GenerationJob, GeneratorError, GeneratorProcess, SamplingSettings, padded_batch
 from .importance_sampling import weight_share_changed
+from .sampler_logps import completion_logps, sampled_logps_recorded
 from .server_generator import ServerGenerator
 
 BEHAVIOUR_WEIGHTS_FILE = "trl_reasoning_behaviour_weights.pt"
@@ -515,7 +516,8 @@ class AsyncRollouts:
     def generate(self, prompts):
         """TRL's ``_generate`` for a training batch, with the behaviour weights swapped into the model (vLLM is synced
         with them first) or collected from the generator that sampled ahead, and the sampled tokens' log-probabilities
-        under them recorded: vLLM returns them, ``generate`` does not, so they are computed with the same weights.
+        under them recorded: vLLM returns them; with ``generate`` they are read from the scores it sampled from (the
+        truncated, renormalised distribution when sampling truncates), without another forward.
         Evaluation samples with the current weights, as TRL does."""
         host = self.host
         if not host.model.training:
@@ -534,12 +536,18 @@ class AsyncRollouts:
                 if self.pipeline is not None:
                     self.pipeline.release_engine()
                 seed = job_seed(host.args.seed, step, round_index, host.accelerator.process_index)
-                with self.behaviour.swapped_in(trainable_parameters(host.model)), self._sampling_seed(seed):
+                with (
+                    self.behaviour.swapped_in(trainable_parameters(host.model)),
+                    self._sampling_seed(seed),
+                    self._scores_recorded() as records,
+                ):
                     if host.use_vllm:
                         host._last_loaded_step = -1  # sync the engine with the behaviour weights
                     generated = host.trl_generate(prompts)
                     if generated[4] is None:
-                        logps = self._sampled_token_logps(generated[0], generated[1])
+                        logps = completion_logps(records, generated[1])
+                        if logps is None:  # not one plain generate call (tools): score the batch by a forward
+                            logps = self._sampled_token_logps(generated[0], generated[1])
                         generated = (*generated[:4], logps, *generated[5:])
         finally:
             host.use_vllm = scoring_backend
@@ -572,9 +580,17 @@ class AsyncRollouts:
         draw the same batch); ``max_staleness=0`` keeps the global RNG stream, exactly as a synchronous run."""
         return seeded_sampling(seed) if self.behaviour.max_staleness > 0 else contextlib.nullcontext()
 
+    def _scores_recorded(self):
+        """Around TRL's generation with HF ``generate``: the sampled tokens' log-probs read from the scores it
+        sampled from (``trl_reasoning.sampler_logps``), which spares a forward; vLLM returns its own."""
+        if self.host.use_vllm:
+            return contextlib.nullcontext([])
+        return sampled_logps_recorded(self.host.model)
+
     def _sampled_token_logps(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
-        """The sampled tokens' log-probabilities under the model as it is now, the batch laid out as TRL lays it out
-        (so that they equal TRL's ``old_per_token_logps`` when the weights are the same)."""
+        """The sampled tokens' log-probabilities under the model as it is now, by a no-grad forward over the batch laid
+        out as TRL lays it out: only where ``generate``'s scores were not recorded (TRL's tool-calling loop, several
+        ``generate`` calls a batch)."""
         host = self.host
         batch = padded_batch(prompt_ids, completion_ids, host._tokenizer.pad_token_id, host.pad_to_multiple_of)
         logps = host.behaviour_logps({key: value.to(host.accelerator.device) for key, value in batch.items()})

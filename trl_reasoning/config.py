@@ -22,11 +22,12 @@ from ._warnings import user_stacklevel
 from .advantages import ADVANTAGE_ESTIMATORS, GROUP_RELATIVE_ESTIMATORS
 from .aggregation import AGGREGATIONS
 from .importance_sampling import check_mode as check_importance_sampling_mode
-from .losses import DPPO_DEFAULT_THRESHOLDS, IMPORTANCE_SAMPLING_LEVELS, POLICY_LOSSES
+from .losses import DPPO_DEFAULT_THRESHOLDS, IMPORTANCE_SAMPLING_LEVELS, POLICY_LOSSES, required_inputs
 from .model_card import record_derived_values
 from .rewards import REWARD_ERROR_POLICIES
 from .sampling import EXTRA_ROUND_SIZES, resolve_group_selection
 from .shaping import MULTI_OBJECTIVE_AGGREGATIONS
+from .truncation import sampling_truncation
 from .typed_fields import coerce_field_types
 
 # TRL's `loss_type` = (objective, aggregation). `importance_sampling_level="sequence"` takes the sequence ratio (GSPO's)
@@ -204,6 +205,14 @@ class ReasoningConfig(GRPOConfig):
             `"sequence_geo_truncate"` and `"sequence_geo_mask"` (the geometric mean of the token ratios: Geo-RS) and
             `"token_icepop"` (IcePop's band mask; set the band with `vllm_importance_sampling_clip_min/max`, IcePop:
             0.5 and 5); see `trl_reasoning.importance_sampling`. Logged: `sampling/effective_sample_size`.
+        truncated_support_scoring (`bool` or `None`, *optional*, defaults to `None`):
+            With truncated sampling (`top_k > 0`, `top_p < 1` or `min_p`, also through `generation_kwargs`) the
+            sampler's log-probs are those of the truncated, renormalised distribution, while TRL scores the policy on
+            the whole vocabulary, so their ratio is not 1 even on-policy. `True`: the policy (and `pi_old` and the
+            reference, wherever TRL scores them) is scored on the same support, the temperature and the truncation
+            applied to its own logits and renormalised, so the ratio is exactly 1 at lag 0. `False`: TRL's
+            full-vocabulary scoring. `None`: on when sampling truncates, except with DPPO's top-K divergence or the
+            entropy bonus (off there, with a warning). The repetition penalty is not reproduced.
 
         > Parameters of fault handling
 
@@ -374,6 +383,15 @@ class ReasoningConfig(GRPOConfig):
             "TRL's extra no-grad forward. False = TRL's forward at scoring."
         },
     )
+    truncated_support_scoring: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Score the policy (and pi_old, the reference) on the sampler's truncated support (top_k, top_p, "
+            "min_p applied to its own logits, renormalised), so that its ratio to the sampler's log-probs is 1 "
+            "on-policy. False = TRL's full-vocabulary scoring. None = on when sampling truncates (off, with a "
+            "warning, with DPPO's top-K divergence or the entropy bonus)."
+        },
+    )
     on_reward_error: str = field(
         default="raise",
         metadata={
@@ -450,6 +468,7 @@ class ReasoningConfig(GRPOConfig):
         self._resolve_loss()
         self._resolve_advantage_estimator()
         self._validate_reasoning_fields()
+        self._resolve_truncated_support_scoring()
         super().__post_init__()
         # The model card tells what the user set from what __post_init__ derived, without building a config later
         # (building one mid-training resets accelerate's global state).
@@ -563,6 +582,39 @@ class ReasoningConfig(GRPOConfig):
                 f"or choose the estimator that matches it ({_SCALE_REWARDS_TO_ESTIMATOR[scale]!r})."
             )
         self.scale_rewards = implied
+
+    def _resolve_truncated_support_scoring(self) -> None:
+        """``truncated_support_scoring``: checked, and ``None`` resolved (on when sampling truncates, where the loss
+        path supports it)."""
+        requested = self.truncated_support_scoring
+        if requested is not None and not isinstance(requested, bool):
+            raise ValueError(f"truncated_support_scoring must be True, False or None, got {requested!r}.")
+        truncation = sampling_truncation(self.top_k, self.top_p, self.min_p, self.generation_kwargs)
+        unsupported = []
+        if "rollout_topk_logps" in required_inputs(self.policy_loss, divergence=self.dppo_divergence):
+            unsupported.append(f"dppo_divergence={self.dppo_divergence!r} (its top-K ids may lie outside the support)")
+        if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
+            unsupported.append("the entropy bonus (the truncated entropy carries no gradient)")
+        if requested is True and not truncation.truncates:
+            raise ValueError(
+                "truncated_support_scoring=True, but sampling does not truncate (top_k=0, top_p=1, no min_p): there "
+                "is no truncated support. Set it to None or False."
+            )
+        if requested is True and unsupported:
+            raise ValueError(
+                f"truncated_support_scoring=True does not support {'; '.join(unsupported)}. Set "
+                "truncated_support_scoring=False (TRL's full-vocabulary scoring)."
+            )
+        if requested is None:
+            self.truncated_support_scoring = truncation.truncates and not unsupported
+            if truncation.truncates and unsupported:
+                warnings.warn(
+                    f"Sampling truncates ({truncation}), but the policy is scored on the whole vocabulary, as TRL "
+                    f"does, because of {'; '.join(unsupported)}: the importance-sampling ratio is not 1 on-policy. "
+                    "Set truncated_support_scoring=False to silence this warning.",
+                    UserWarning,
+                    stacklevel=user_stacklevel(),
+                )
 
     def _validate_reasoning_fields(self) -> None:
         if self.multi_objective_aggregation not in MULTI_OBJECTIVE_AGGREGATIONS:

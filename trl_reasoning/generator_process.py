@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from .sampler_logps import completion_logps, sampled_logps_recorded
+
 
 @dataclasses.dataclass
 class GenerationJob:
@@ -108,19 +110,30 @@ def _padded(rows: list[list[int]], value: int, side: str, multiple: int | None) 
 
 
 @torch.no_grad()
-def sample(model: torch.nn.Module, prompt_ids: list[list[int]], settings: SamplingSettings) -> list[list[int]]:
-    """``generate`` as TRL's ``_generate_single_turn`` calls it; each completion ends at its first EOS."""
+def sample(
+    model: torch.nn.Module, prompt_ids: list[list[int]], settings: SamplingSettings
+) -> tuple[list[list[int]], list[list[float]]]:
+    """``generate`` as TRL's ``_generate_single_turn`` calls it; each completion ends at its first EOS. Returns the
+    completions and their tokens' log-probabilities under the distribution ``generate`` sampled them from, read from
+    its scores (``trl_reasoning.sampler_logps``: the truncated, renormalised one when sampling truncates)."""
     input_ids = _padded(prompt_ids, settings.pad_token_id, "left", settings.pad_to_multiple_of).to(settings.device)
     attention_mask = _padded([[1] * len(ids) for ids in prompt_ids], 0, "left", settings.pad_to_multiple_of)
     attention_mask = attention_mask.to(settings.device)
-    output = model.generate(
-        input_ids=input_ids, attention_mask=attention_mask, generation_config=settings.generation_config
-    )
+    with sampled_logps_recorded(model) as records:
+        output = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=settings.generation_config
+        )
     completions = []
     for row in output[:, input_ids.size(1) :].tolist():
         ends = [i for i, token in enumerate(row) if token in settings.eos_token_ids]
         completions.append(row[: ends[0] + 1] if ends else row)
-    return completions
+    logps = completion_logps(records, completions)
+    if logps is None:
+        raise RuntimeError(
+            "generate's scores were not recorded: this transformers no longer builds its logits "
+            "processors with _get_logits_processor"
+        )
+    return completions, logps
 
 
 def padded_batch(
@@ -133,27 +146,6 @@ def padded_batch(
         "completion_ids": _padded(completion_ids, pad_token_id, "right", multiple),
         "completion_mask": _padded([[1] * len(ids) for ids in completion_ids], 0, "right", multiple),
     }
-
-
-@torch.no_grad()
-def sampled_token_logps(
-    model: torch.nn.Module, prompt_ids: list[list[int]], completion_ids: list[list[int]], settings: SamplingSettings
-) -> list[list[float]]:
-    """``log softmax(logits / temperature)`` at each sampled token, the batch laid out as TRL lays it out."""
-    batch = padded_batch(prompt_ids, completion_ids, settings.pad_token_id, settings.pad_to_multiple_of)
-    batch = {key: value.to(settings.device) for key, value in batch.items()}
-    completions = batch["completion_ids"]
-    input_ids = torch.cat([batch["prompt_ids"], completions], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    length = completions.size(1)
-    rows = []
-    for start in range(0, input_ids.size(0), settings.batch_size):
-        chunk = slice(start, start + settings.batch_size)
-        logits = model(input_ids=input_ids[chunk], attention_mask=attention_mask[chunk]).logits
-        logits = logits[:, -length - 1 : -1].float() / settings.temperature
-        rows.append(torch.log_softmax(logits, dim=-1).gather(-1, completions[chunk].unsqueeze(-1)).squeeze(-1))
-    logps = torch.cat(rows)
-    return [row[: len(ids)].tolist() for row, ids in zip(logps, completion_ids, strict=True)]
 
 
 def packed(weights: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -199,8 +191,7 @@ def _worker(recipe: dict[str, Any], settings: SamplingSettings, jobs, results) -
                     params[name].copy_(tensor)
             started = time.perf_counter()
             torch.manual_seed(job.seed)
-            completions = sample(model, job.prompt_ids, settings)
-            logps = sampled_token_logps(model, job.prompt_ids, completions, settings)
+            completions, logps = sample(model, job.prompt_ids, settings)
             results.put((job.step, completions, logps, time.perf_counter() - started))
         except BaseException:
             results.put((job.step, None, None, traceback.format_exc()))  # a string: the error

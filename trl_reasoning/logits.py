@@ -23,6 +23,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
+from .truncation import SamplingTruncation, support_mask
+
 #: Default number of positions (rows of ``vocab`` logits) processed at once. Scratch is about three
 #: ``[chunk_size, vocab]`` float32 tensors: 3 x 128 x 152k x 4 B = 233 MB for a Qwen-sized vocabulary.
 DEFAULT_CHUNK_SIZE = 128
@@ -287,13 +289,26 @@ def rollout_topk_from_hidden(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _gather_forward(z: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``log softmax(z)`` at ``index`` ``[..., M]``, the entropy ``lse - sum_j p_j z_j`` and ``lse`` of one chunk."""
+def _gather_forward(
+    z: torch.Tensor, index: torch.Tensor, truncated: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``log softmax(z)`` at ``index`` ``[..., M]``, the entropy ``lse - sum_j p_j z_j`` and ``lse`` of one chunk.
+    ``truncated``: ``z`` is ``-inf`` outside the sampler's support, whose terms ``0 * -inf`` count as 0."""
     lse = torch.logsumexp(z, dim=-1)
     gathered = z.gather(-1, index) - lse.unsqueeze(-1)
     weighted = (z - lse.unsqueeze(-1)).exp_().mul_(z)  # p_j z_j, one [chunk, V] temporary besides z
+    if truncated:
+        weighted.nan_to_num_(nan=0.0)
     entropy = lse - weighted.sum(-1)
     return gathered, entropy, lse
+
+
+def _on_support(z: torch.Tensor, index: torch.Tensor, truncation: SamplingTruncation | None) -> torch.Tensor:
+    """``z`` restricted to the sampler's support (``-inf`` outside), the sampled token (``index[..., 0]``) kept in it
+    (``trl_reasoning.truncation``); ``z`` itself without truncation. In place: ``z`` is a fresh chunk."""
+    if truncation is None or not truncation.truncates:
+        return z
+    return z.masked_fill_(~support_mask(z, truncation, always=index[..., :1]), -math.inf)
 
 
 def _grad_wrt_z(z: torch.Tensor, lse: torch.Tensor, index: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
@@ -310,7 +325,7 @@ class _GatherLogProbsFromLogits(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits, index, temperature, chunk_size):  # noqa: D102
+    def forward(ctx, logits, index, temperature, chunk_size, truncation=None):  # noqa: D102
         batch, length, _ = logits.shape
         dtype = _compute_dtype(logits.dtype)
         m = index.shape[-1]
@@ -318,10 +333,10 @@ class _GatherLogProbsFromLogits(torch.autograd.Function):
         entropy = torch.empty(batch, length, dtype=dtype, device=logits.device)
         lse = torch.empty(batch, length, dtype=dtype, device=logits.device)
         for bs, ts in _chunks(batch, length, chunk_size):
-            z = logits[bs, ts].to(dtype) / temperature
-            out[bs, ts], entropy[bs, ts], lse[bs, ts] = _gather_forward(z, index[bs, ts])
+            z = _on_support(logits[bs, ts].to(dtype) / temperature, index[bs, ts], truncation)
+            out[bs, ts], entropy[bs, ts], lse[bs, ts] = _gather_forward(z, index[bs, ts], truncation is not None)
         ctx.save_for_backward(logits, index, lse)
-        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.temperature, ctx.chunk_size, ctx.truncation = temperature, chunk_size, truncation
         ctx.mark_non_differentiable(entropy)
         return out, entropy
 
@@ -330,16 +345,16 @@ class _GatherLogProbsFromLogits(torch.autograd.Function):
         logits, index, lse = ctx.saved_tensors
         grad_logits = torch.zeros_like(logits)
         if grad_out is None:
-            return grad_logits, None, None, None
+            return grad_logits, None, None, None, None
         batch, length, _ = logits.shape
         dtype = lse.dtype
         grad_out = grad_out.to(dtype)
         for bs, ts in _chunks(batch, length, ctx.chunk_size):
-            z = logits[bs, ts].to(dtype) / ctx.temperature
+            z = _on_support(logits[bs, ts].to(dtype) / ctx.temperature, index[bs, ts], ctx.truncation)
             grad_z = _grad_wrt_z(z, lse[bs, ts], index[bs, ts], grad_out[bs, ts])
             del z
             grad_logits[bs, ts] = grad_z.div_(ctx.temperature)
-        return grad_logits, None, None, None
+        return grad_logits, None, None, None, None
 
 
 class _GatherLogProbsFromHidden(torch.autograd.Function):
@@ -350,7 +365,7 @@ class _GatherLogProbsFromHidden(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, index, temperature, logit_scale, softcap, chunk_size):  # noqa: D102
+    def forward(ctx, hidden, weight, bias, index, temperature, logit_scale, softcap, chunk_size, truncation=None):  # noqa: D102
         batch, length, _ = hidden.shape
         dtype = _compute_dtype(hidden.dtype)
         m = index.shape[-1]
@@ -359,16 +374,17 @@ class _GatherLogProbsFromHidden(torch.autograd.Function):
         lse = torch.empty(batch, length, dtype=dtype, device=hidden.device)
         for bs, ts in _chunks(batch, length, chunk_size):
             z, _ = _lm_head_logits(hidden[bs, ts], weight, bias, dtype, logit_scale, softcap, temperature)
-            out[bs, ts], entropy[bs, ts], lse[bs, ts] = _gather_forward(z, index[bs, ts])
+            z = _on_support(z, index[bs, ts], truncation)
+            out[bs, ts], entropy[bs, ts], lse[bs, ts] = _gather_forward(z, index[bs, ts], truncation is not None)
         ctx.save_for_backward(hidden, weight, bias, index, lse)
-        ctx.args = (temperature, logit_scale, softcap, chunk_size)
+        ctx.args = (temperature, logit_scale, softcap, chunk_size, truncation)
         ctx.mark_non_differentiable(entropy)
         return out, entropy
 
     @staticmethod
     def backward(ctx, grad_out, _grad_entropy):  # noqa: D102
         hidden, weight, bias, index, lse = ctx.saved_tensors
-        temperature, logit_scale, softcap, chunk_size = ctx.args
+        temperature, logit_scale, softcap, chunk_size, truncation = ctx.args
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.zeros_like(hidden) if need_h else None
         grad_w = torch.zeros_like(weight, dtype=lse.dtype) if need_w else None
@@ -380,6 +396,7 @@ class _GatherLogProbsFromHidden(torch.autograd.Function):
             for bs, ts in _chunks(batch, length, chunk_size):
                 h = hidden[bs, ts]
                 z, tanh = _lm_head_logits(h, weight, bias, dtype, logit_scale, softcap, temperature)
+                z = _on_support(z, index[bs, ts], truncation)
                 grad_y = _grad_wrt_z(z, lse[bs, ts], index[bs, ts], grad_out[bs, ts]).div_(temperature)
                 del z
                 if tanh is not None:  # d(cap * tanh(y / cap))/dy = 1 - tanh^2
@@ -396,7 +413,7 @@ class _GatherLogProbsFromHidden(torch.autograd.Function):
                     grad_b += flat_g.sum(0)
         grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
         grad_b = grad_b.to(bias.dtype) if grad_b is not None else None
-        return grad_h, grad_w, grad_b, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
 def _index(sampled_ids: torch.Tensor, topk_ids: torch.Tensor | None, device: torch.device) -> torch.Tensor:
@@ -404,6 +421,15 @@ def _index(sampled_ids: torch.Tensor, topk_ids: torch.Tensor | None, device: tor
     if topk_ids is not None:
         index = torch.cat([index, topk_ids.to(device=device, dtype=torch.long)], dim=-1)
     return index
+
+
+def _effective(truncation: SamplingTruncation | None) -> SamplingTruncation | None:
+    return truncation if truncation is not None and truncation.truncates else None
+
+
+def _check_truncation(truncation: SamplingTruncation | None, topk_ids: torch.Tensor | None) -> None:
+    if _effective(truncation) is not None and topk_ids is not None:
+        raise ValueError("truncation and topk_ids together: a stored top-K id may lie outside the truncated support")
 
 
 def _split(out: torch.Tensor, entropy: torch.Tensor, with_topk: bool):
@@ -416,6 +442,7 @@ def chunked_logps(
     topk_ids: torch.Tensor | None = None,
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    truncation: SamplingTruncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The current policy's log-probs at the sampled ids and at the stored top-K ids, and its entropy, in chunks.
 
@@ -434,13 +461,19 @@ def chunked_logps(
         topk_ids: ``[B, T, K]`` ids stored by :func:`rollout_topk`, or ``None`` to skip them.
         temperature: the sampling temperature (logits are divided by it, as TRL does).
         chunk_size: positions per chunk.
+        truncation: the sampler's top-k / top-p / min-p: the log-probs and the entropy are then those of the
+            truncated, renormalised distribution (``trl_reasoning.truncation``: each position's own support, the
+            sampled token kept in it), the gradient zero outside the support. Not with ``topk_ids``.
 
     Returns:
         ``(logps [B, T], entropy [B, T], topk_logps [B, T, K] or None)``, float32 (float64 for float64 logits).
     """
     _check_args(temperature, chunk_size)
+    _check_truncation(truncation, topk_ids)
     index = _index(sampled_ids, topk_ids, logits.device)
-    out, entropy = _GatherLogProbsFromLogits.apply(logits, index, float(temperature), int(chunk_size))
+    out, entropy = _GatherLogProbsFromLogits.apply(
+        logits, index, float(temperature), int(chunk_size), _effective(truncation)
+    )
     return _split(out, entropy, topk_ids is not None)
 
 
@@ -454,6 +487,7 @@ def chunked_logps_from_hidden(
     logit_scale: float = 1.0,
     final_logit_softcapping: float | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    truncation: SamplingTruncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """:func:`chunked_logps` from the last hidden states and the LM head: no ``[B, T, V]`` tensor at all.
 
@@ -463,6 +497,7 @@ def chunked_logps_from_hidden(
     ``lm_head_weight`` and ``lm_head_bias`` (where they require grad). Same outputs as :func:`chunked_logps`.
     """
     _check_args(temperature, chunk_size)
+    _check_truncation(truncation, topk_ids)
     index = _index(sampled_ids, topk_ids, hidden_states.device)
     out, entropy = _GatherLogProbsFromHidden.apply(
         hidden_states,
@@ -473,5 +508,6 @@ def chunked_logps_from_hidden(
         float(logit_scale),
         None if final_logit_softcapping is None else float(final_logit_softcapping),
         int(chunk_size),
+        _effective(truncation),
     )
     return _split(out, entropy, topk_ids is not None)

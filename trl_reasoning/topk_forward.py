@@ -39,6 +39,7 @@ from .logits import (
     rollout_topk_from_hidden,
 )
 from .losses import required_inputs
+from .truncation import SamplingTruncation
 
 # Per-row multimodal/auxiliary inputs that TRL forwards to the model in the loss.
 FORWARD_KEYS = (
@@ -342,22 +343,38 @@ class TopKForwardMixin:
         return rollout_topk(logits, completion_ids, k=self.args.dppo_topk, temperature=self.temperature)
 
     def _topk_forward(
-        self, model, input_ids, attention_mask, completion_ids, topk_ids, compute_aux_loss, extra_inputs=None
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        completion_ids,
+        topk_ids,
+        compute_aux_loss,
+        extra_inputs=None,
+        truncation: SamplingTruncation | None = None,
     ):
         """The current policy's sampled-token log-probs (with gradient), entropies, log-probs at the stored top-K ids
-        (with gradient) and MoE aux loss, chunked over positions so no ``[B, T, V]`` tensor is built when the LM head
-        can be applied to the hidden states (otherwise one: the logits). ``extra_inputs``: the rows' multimodal
-        inputs (:func:`model_inputs`)."""
+        (with gradient; ``topk_ids=None``: none) and MoE aux loss, chunked over positions so no ``[B, T, V]`` tensor
+        is built when the LM head can be applied to the hidden states (otherwise one: the logits). ``extra_inputs``:
+        the rows' multimodal inputs (:func:`model_inputs`). ``truncation``: scored on the sampler's truncated support
+        (``trl_reasoning.truncation``; not with ``topk_ids``)."""
         head = None
         sharded_head = self._sharded_lm_head(model) if self._lm_head_from_hidden else None
         if sharded_head is not None:
 
             def packed_logps(hidden, weight, bias):
                 logps, entropies, topk_logps = chunked_logps_from_hidden(
-                    hidden, weight, completion_ids, topk_ids, temperature=self.temperature, lm_head_bias=bias
+                    hidden,
+                    weight,
+                    completion_ids,
+                    topk_ids,
+                    temperature=self.temperature,
+                    lm_head_bias=bias,
+                    truncation=truncation,
                 )
                 # One output tensor, so the strategy's backward hooks on the head's output see all of it.
-                return torch.cat([logps.unsqueeze(-1), entropies.unsqueeze(-1).to(logps.dtype), topk_logps], dim=-1)
+                parts = [logps.unsqueeze(-1), entropies.unsqueeze(-1).to(logps.dtype)]
+                return torch.cat(parts if topk_logps is None else [*parts, topk_logps], dim=-1)
 
             packed, out = self._head_inside_forward(
                 model,
@@ -370,7 +387,8 @@ class TopKForwardMixin:
                 extra_inputs,
             )
             aux_loss = out.aux_loss if compute_aux_loss else None
-            return packed[..., 0], packed[..., 1].detach(), packed[..., 2:], aux_loss
+            topk_logps = packed[..., 2:] if topk_ids is not None else None
+            return packed[..., 0], packed[..., 1].detach(), topk_logps, aux_loss
         if self._lm_head_from_hidden:
             hidden, head, out = self._final_hidden_states(
                 model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss, extra_inputs
@@ -387,13 +405,63 @@ class TopKForwardMixin:
                 lm_head_bias=bias,
                 logit_scale=scale,
                 final_logit_softcapping=softcap,
+                truncation=truncation,
             )
         else:
             logits, out = self._completion_logits(
                 model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss, extra_inputs
             )
             logps, entropies, topk_logps = chunked_logps(
-                logits, completion_ids, topk_ids, temperature=self.temperature
+                logits, completion_ids, topk_ids, temperature=self.temperature, truncation=truncation
             )
         aux_loss = out.aux_loss if compute_aux_loss else None
         return logps, entropies, topk_logps, aux_loss
+
+    def _logps_on_sampling_support(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep: int,
+        batch_size: int | None,
+        compute_entropy: bool,
+        compute_aux_loss: bool,
+        forward_inputs: dict,
+        truncation: SamplingTruncation,
+    ):
+        """TRL's ``_get_per_token_logps_and_entropies`` (same arguments, same outputs, rows in chunks of
+        ``batch_size``) with the log-probs and entropies of the sampler's truncated distribution: the temperature,
+        then ``truncation``, applied to the model's own logits and renormalised, chunked over positions (no
+        ``[B, T, V]`` tensor where the LM head can be applied to the hidden states).
+
+        Why the policy's *own* support and not the one the sampler used: at lag 0 they are the same set (the same
+        logits), so ``pi_S / mu_S`` is exactly 1; later, ``pi_S`` is the distribution the current policy samples
+        from, which is what the importance weight ``pi_S / mu_S`` must correct towards, and it needs nothing stored
+        from generation (vLLM does not return its support, a top-p support can be most of the vocabulary). The
+        sampled token is always kept in the support, so a token the current policy would no longer sample gets a
+        small, finite log-prob (a small ratio, which the clipping and TRL's correction treat as such) instead of
+        ``-inf``. The support is held fixed under the gradient (it is piecewise constant in the logits): the
+        gradient of ``log pi_S(y)`` is ``e_y - p_S``, the baseline being the truncated distribution's mean, and the
+        tokens outside the support get none; TRL's full-vocabulary gradient ``e_y - p`` also pushes down every
+        token the sampler can never draw."""
+        batch_size = batch_size or input_ids.size(0)
+        present = {key: value for key, value in forward_inputs.items() if value is not None}
+        completion_ids = input_ids[:, -logits_to_keep:]
+        logps, entropies, aux_losses = [], [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            rows = slice(start, start + batch_size)
+            chunk_logps, chunk_entropies, _, aux_loss = self._topk_forward(
+                model,
+                input_ids[rows],
+                attention_mask[rows],
+                completion_ids[rows],
+                None,
+                compute_aux_loss,
+                model_inputs(present, rows),
+                truncation=truncation,
+            )
+            logps.append(chunk_logps)
+            entropies.append(chunk_entropies)
+            aux_losses.append(aux_loss)
+        aux_loss = torch.stack(aux_losses).mean() if compute_aux_loss else None
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, aux_loss

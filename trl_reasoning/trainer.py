@@ -72,6 +72,7 @@ from .sampling import RetiredPrompts
 from .server_generator import SAMPLING_ATTRIBUTES
 from .topk_forward import FORWARD_KEYS, TopKForwardMixin, model_inputs
 from .trl_mirror import k3_kl, masked_means_over_processes
+from .truncation import sampling_truncation
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +91,16 @@ TRL_PRIVATE_API: dict[str, tuple[str, ...]] = {
     "_save_checkpoint": ("model", "trial"),
     "_load_optimizer_and_scheduler": ("checkpoint",),
     "_generate": ("prompts",),
+    "_get_per_token_logps_and_entropies": (
+        "model",
+        "input_ids",
+        "attention_mask",
+        "logits_to_keep",
+        "batch_size",
+        "compute_entropy",
+        "compute_aux_loss",
+    ),
     # called from the overrides
-    "_get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"),
     "get_high_entropy_mask": ("entropies", "mask", "threshold"),
     "get_off_policy_mask": ("advantages", "per_token_logps", "sampling_per_token_logps", "mask"),
     "_get_output_dir": ("trial",),
@@ -424,7 +433,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             options = {} if outputs is None else {"outputs": outputs}
             add_fused_lm_head(base, temperature=self.temperature, cast_lm_head_to_fp32=True, **options)
 
-    # ------------------------------------------------------------------ TRL private override 1 of 7
+    # ------------------------------------------------------------------ TRL private override 1 of 8
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if getattr(self.args, "on_reward_error", "raise") == "exclude":
@@ -448,7 +457,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self._scored_batch = (rewards_per_func, self.accelerator.gather(lengths))
         return rewards_per_func
 
-    # ------------------------------------------------------------------ TRL private override 2 of 7
+    # ------------------------------------------------------------------ TRL private override 2 of 8
     def _generate_and_score_completions(self, inputs):
         """Where a batch comes from is ``self.rollout`` (``trl_reasoning.rollout``): rounds, shaping, selection."""
         if getattr(self, "rollout", None) is None:  # a trainer not built by __init__ (TRL's tests): TRL's method
@@ -549,7 +558,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             share = torch.tensor([changed / counted if counted else 0.0], device=device)
             self._metrics[mode]["async/is_weight_changed"].append(self.accelerator.gather(share).mean().item())
 
-    # ------------------------------------------------------------------ TRL private override 7 of 7
+    # ------------------------------------------------------------------ TRL private override 7 of 8
     def _generate(self, prompts):
         """TRL's, or with asynchronous rollouts ``AsyncRollouts.generate``: the behaviour policy samples a training
         batch and its log-probabilities are recorded. It assumes no state TRL's method does not (TRL's tests call it
@@ -557,6 +566,47 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         if getattr(self, "async_rollouts", None) is None:
             return super()._generate(prompts)
         return self.async_rollouts.generate(prompts)
+
+    # ------------------------------------------------------------------ TRL private override 8 of 8
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **forward_inputs,
+    ):
+        """TRL's, or with ``truncated_support_scoring`` the log-probs of the sampler's truncated distribution
+        (``TopKForwardMixin._logps_on_sampling_support``): every policy TRL scores here (``pi_theta`` in the loss,
+        ``pi_old``, the reference) on its own truncated support, like the sampler's log-probs."""
+        if not self.args.truncated_support_scoring:
+            return super()._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
+                **forward_inputs,
+            )
+        truncation = sampling_truncation(
+            self.args.top_k, self.args.top_p, self.args.min_p, self.args.generation_kwargs
+        )
+        return self._logps_on_sampling_support(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size,
+            compute_entropy,
+            compute_aux_loss,
+            forward_inputs,
+            truncation,
+        )
 
     def trl_generate(self, prompts):
         """TRL's own ``_generate`` (lent to the asynchronous rollouts), its output checked."""
@@ -648,7 +698,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             cache[model] = self.accelerator.unwrap_model(model)
         return cache[model]
 
-    # ------------------------------------------------------------------ TRL private override 4 of 7
+    # ------------------------------------------------------------------ TRL private override 4 of 8
     def _get_train_sampler(self, dataset=None):
         """TRL's ``RepeatSampler`` order (epoch 0 is the same permutation), made a function of the epoch so that a
         resumed run sees the same prompts, and skipping retired prompts (see ``EpochRepeatSampler``)."""
@@ -664,7 +714,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             shuffle=self.shuffle_dataset,
         )
 
-    # ------------------------------------------------------------------ TRL private overrides 5 and 6 of 7
+    # ------------------------------------------------------------------ TRL private overrides 5 and 6 of 8
     def _save_checkpoint(self, model, trial):
         # The sampling state goes in first, atomically: the Trainer writes trainer_state.json last (then starts the hub
         # push), so a checkpoint whose trainer_state.json reads always holds its whole sampling state.
@@ -731,7 +781,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             )
         return logps
 
-    # ------------------------------------------------------------------ TRL private override 3 of 7
+    # ------------------------------------------------------------------ TRL private override 3 of 8
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
         mask = loss_tokens(inputs)
