@@ -474,7 +474,18 @@ class AsyncRollouts:
             )
 
             def start_generator() -> GeneratorProcess:
-                return GeneratorProcess(host.model, settings, args.async_timeout)
+                return GeneratorProcess(
+                    host.model, settings, args.async_timeout, log_path=generator_log(args.output_dir)
+                )
+
+            def generator_log(output_dir: str | None) -> str | None:
+                """The worker's own output (warnings, a crash below Python) goes to a file of the output dir, one
+                per process of the run; its Python errors reach the trainer as errors."""
+                if not output_dir:
+                    return None
+                with contextlib.suppress(OSError):
+                    os.makedirs(output_dir, exist_ok=True)
+                return os.path.join(output_dir, f"generator_process_rank{host.accelerator.process_index}.log")
 
         return AheadPipeline(
             self.behaviour,
