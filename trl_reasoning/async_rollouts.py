@@ -232,8 +232,19 @@ def check_ahead_generator(
     vision_language: bool,
     one_generation_per_step: bool,
     quantized: bool,
+    rollout_func: bool = False,
+    continuous_batching: bool = False,
 ) -> None:
-    """``async_generator="process"`` or ``"server"`` refuses, naming each, what its generator cannot sample."""
+    """``async_generator="process"`` or ``"server"`` refuses, naming each with its way out, what its generator cannot
+    sample as TRL's ``_generate`` would: everything else TRL's generation reads (``generation_kwargs``, ``top_p``,
+    ``top_k``, ``min_p``, ``repetition_penalty``, ``cache_implementation``, the chat template and its kwargs) reaches
+    the worker through the trainer's ``generation_config`` and tokenized prompts, or the server through TRL's own
+    sampling parameters."""
+    custom_rollouts = (
+        rollout_func,
+        "a rollout_func (it samples the batches ahead itself and would never call it: async_generator='inline' calls "
+        "it with the behaviour weights in the model, and a vLLM engine synced with them)",
+    )
     one_per_step = (
         not one_generation_per_step,
         "more or less than one generation per optimizer step (steps_per_generation * num_iterations must equal "
@@ -246,6 +257,12 @@ def check_ahead_generator(
             (vision_language, "a vision-language model"),
             one_per_step,
             (quantized, "a bitsandbytes-quantized model"),
+            custom_rollouts,
+            (
+                continuous_batching,
+                "use_transformers_continuous_batching=True (or use_transformers_paged; the worker samples with HF "
+                "generate: set it False, or use async_generator='inline')",
+            ),
         )
     else:
         problems = (
@@ -257,6 +274,7 @@ def check_ahead_generator(
             (tools, "tools or environments"),
             (vision_language, "a vision-language model (its image features are not sent ahead)"),
             one_per_step,
+            custom_rollouts,
         )
     found = [what for bad, what in problems if bad]
     if found:
@@ -450,6 +468,8 @@ class AsyncRollouts:
             == args.gradient_accumulation_steps,
             quantized=getattr(host.model, "is_loaded_in_4bit", False)
             or getattr(host.model, "is_loaded_in_8bit", False),
+            rollout_func=host.rollout_func is not None,
+            continuous_batching=bool(getattr(args, "use_transformers_continuous_batching", False)),
         )
         if args.async_generator == "server":
 
