@@ -219,8 +219,19 @@ def check_ahead_generator(
     vision_language: bool,
     one_generation_per_step: bool,
     quantized: bool,
+    rollout_func: bool = False,
+    continuous_batching: bool = False,
 ) -> None:
-    """``async_generator="process"`` or ``"server"`` refuses, naming each, what its generator cannot sample."""
+    """``async_generator="process"`` or ``"server"`` refuses, naming each with its way out, what its generator cannot
+    sample as TRL's ``_generate`` would: everything else TRL's generation reads (``generation_kwargs``, ``top_p``,
+    ``top_k``, ``min_p``, ``repetition_penalty``, ``cache_implementation``, the chat template and its kwargs) reaches
+    the worker through the trainer's ``generation_config`` and tokenized prompts, or the server through TRL's own
+    sampling parameters."""
+    custom_rollouts = (
+        rollout_func,
+        "a rollout_func (it samples the batches ahead itself and would never call it: async_generator='inline' calls "
+        "it with the behaviour weights in the model, and a vLLM engine synced with them)",
+    )
     one_per_step = (
         not one_generation_per_step,
         "more or less than one generation per optimizer step (steps_per_generation * num_iterations must equal "
@@ -233,6 +244,12 @@ def check_ahead_generator(
             (vision_language, "a vision-language model"),
             one_per_step,
             (quantized, "a bitsandbytes-quantized model"),
+            custom_rollouts,
+            (
+                continuous_batching,
+                "use_transformers_continuous_batching=True (or use_transformers_paged; the worker samples with HF "
+                "generate: set it False, or use async_generator='inline')",
+            ),
         )
     else:
         problems = (
@@ -244,6 +261,7 @@ def check_ahead_generator(
             (tools, "tools or environments"),
             (vision_language, "a vision-language model (its image features are not sent ahead)"),
             one_per_step,
+            custom_rollouts,
         )
     found = [what for bad, what in problems if bad]
     if found:
@@ -437,6 +455,8 @@ class AsyncRollouts:
             == args.gradient_accumulation_steps,
             quantized=getattr(host.model, "is_loaded_in_4bit", False)
             or getattr(host.model, "is_loaded_in_8bit", False),
+            rollout_func=host.rollout_func is not None,
+            continuous_batching=bool(getattr(args, "use_transformers_continuous_batching", False)),
         )
         if args.async_generator == "server":
 
@@ -461,7 +481,18 @@ class AsyncRollouts:
             )
 
             def start_generator() -> GeneratorProcess:
-                return GeneratorProcess(host.model, settings, args.async_timeout)
+                return GeneratorProcess(
+                    host.model, settings, args.async_timeout, log_path=generator_log(args.output_dir)
+                )
+
+            def generator_log(output_dir: str | None) -> str | None:
+                """The worker's own output (warnings, a crash below Python) goes to a file of the output dir, one
+                per process of the run; its Python errors reach the trainer as errors."""
+                if not output_dir:
+                    return None
+                with contextlib.suppress(OSError):
+                    os.makedirs(output_dir, exist_ok=True)
+                return os.path.join(output_dir, f"generator_process_rank{host.accelerator.process_index}.log")
 
         return AheadPipeline(
             self.behaviour,

@@ -192,7 +192,8 @@ class ReasoningConfig(GRPOConfig):
             prompts sent with TRL's client from a background thread (the server's own sampling seeds; needs
             `max_staleness >= 1`, one generation per optimizer step, no tools and a text model).
         async_timeout (`float`, *optional*, defaults to `600.0`):
-            `"process"` and `"server"`: seconds the trainer waits for a batch before a `GeneratorError`; a worker
+            `"process"` and `"server"`: seconds the trainer waits for a batch before a `GeneratorError` (`"server"`:
+            for each request, counted from its sending, so a queue of slow healthy requests never fails); a worker
             that dies is reported within a second.
         importance_sampling_pi_old_from_loss (`bool`, *optional*, defaults to `True`):
             Where `π_old` of the importance-sampling correction between `π_old` and the sampler `μ` (vLLM or

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import dataclasses
 import math
+import os
 import queue
+import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -172,7 +176,38 @@ def unpacked(weights: dict[str, Any]) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _worker(recipe: dict[str, Any], settings: SamplingSettings, jobs, results) -> None:
+#: ``prctl`` option: the signal the kernel sends this process when its parent dies (Linux).
+_PR_SET_PDEATHSIG = 1
+#: Seconds between two checks, in the worker, that its trainer still lives (where the kernel does not tell it).
+PARENT_POLL_SECONDS = 0.5
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """End this process as soon as the trainer that started it dies, by whatever signal (SIGKILL, an OOM kill
+    included): on Linux the kernel kills it (``PR_SET_PDEATHSIG``); everywhere a daemon thread also checks every
+    :data:`PARENT_POLL_SECONDS` that its parent is still ``parent_pid`` (an orphan is adopted by another process).
+
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that started the worker ends: the trainer starts it on its training
+    thread, which outlives it (``train()`` stops it at its end, and the next ``train()`` stops one a failed run left)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)  # nothing to flush: the trainer, the only reader of the results, is gone
+
+    if os.getppid() != parent_pid:  # it died before the kernel was told
+        os._exit(1)
+    threading.Thread(target=watch, name="trl-reasoning-parent-watch", daemon=True).start()
+
+
+def _worker(recipe: dict[str, Any], settings: SamplingSettings, jobs, results, parent_pid: int | None = None) -> None:
+    if parent_pid is not None:
+        _exit_with_parent(parent_pid)
+    # Ctrl-C belongs to the trainer, which stops this worker itself (the terminal sends SIGINT to both).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(settings.threads)
     try:
         model = _rebuild(recipe).to(settings.device)
@@ -213,23 +248,88 @@ def _main_module_hidden():
             main.__dict__.update(saved)
 
 
+@contextlib.contextmanager
+def _children_detached(log_path: str | None):
+    """Processes started within the block write their output to ``log_path`` (``os.devnull`` when ``None`` or
+    unwritable), not to this process's stdout and stderr, and ignore SIGINT.
+
+    A spawned process inherits the parent's file descriptors 1 and 2 and the signals it ignores, from the moment it
+    exists (seconds before any code of ours runs in it, while it imports torch): the descriptors are pointed at the log
+    for the few milliseconds of the start, so that a supervisor reading this process's output to its end (a pipe, a
+    CI log) never waits for a child; SIGINT is ignored (and blocked, so that a Ctrl-C in the meantime reaches this
+    process when the block ends) because a Ctrl-C sent to the terminal's process group is this process's to handle
+    by stopping its children. Python's errors cross to the trainer through the results queue, not through stderr."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()  # what was printed before goes where it was meant to
+    saved: dict[int, int] = {}
+    target = None
+    try:
+        with contextlib.suppress(OSError):
+            target = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if log_path else None
+        if target is None:
+            target = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):  # a closed descriptor stays closed
+                saved[fd] = os.dup(fd)
+                os.dup2(target, fd)
+    except BaseException:
+        for fd, copy_of in saved.items():
+            os.dup2(copy_of, fd)
+            os.close(copy_of)
+        raise
+    on_main_thread = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask")
+    if on_main_thread:
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a blocked SIGINT stays pending on Linux
+    try:
+        yield
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGINT, signal.default_int_handler if handler is None else handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a pending Ctrl-C is a KeyboardInterrupt here
+        for fd, copy_of in saved.items():
+            os.dup2(copy_of, fd)
+            os.close(copy_of)
+        os.close(target)
+
+
 class GeneratorProcess:
     """The worker process and its two queues. ``submit`` a job, ``result(step)`` waits for it (at most ``timeout``
-    seconds, checking every second that the worker lives); ``close`` stops it."""
+    seconds, checking every second that the worker lives); ``close`` stops it.
 
-    def __init__(self, model: torch.nn.Module, settings: SamplingSettings, timeout: float):
+    The worker never outlives this process (it exits within a second of its death by any signal), writes its output
+    to ``log_path`` (``None``: nowhere) rather than to this process's stdout and stderr, and leaves Ctrl-C to this
+    process: an interrupt while it starts stops it before the ``KeyboardInterrupt`` goes on."""
+
+    def __init__(
+        self, model: torch.nn.Module, settings: SamplingSettings, timeout: float, log_path: str | None = None
+    ):
         context = torch.multiprocessing.get_context("spawn")
         self.timeout = timeout
-        self._jobs = context.Queue()
-        self._results = context.Queue()
+        self.log_path = log_path
         self._done: dict[int, tuple] = {}
         self.submitted: set[int] = set()
-        self._process = context.Process(
-            target=_worker, args=(model_recipe(model), settings, self._jobs, self._results), daemon=True
-        )
-        with _main_module_hidden():
-            self._process.start()
-        self._wait_for(-1, timeout=max(timeout, STARTUP_TIMEOUT))  # importing torch and building the model
+        self._process = None
+        self._ready = False
+        try:
+            recipe = model_recipe(model)
+            # the queues' semaphores may start multiprocessing's resource tracker: detached too
+            with _children_detached(log_path):
+                self._jobs = context.Queue()
+                self._results = context.Queue()
+                self._process = context.Process(
+                    target=_worker,
+                    args=(recipe, settings, self._jobs, self._results, os.getpid()),
+                    daemon=True,
+                )
+                with _main_module_hidden():
+                    self._process.start()
+            self._wait_for(-1, timeout=max(timeout, STARTUP_TIMEOUT))  # importing torch and building the model
+            self._ready = True
+        except BaseException:  # KeyboardInterrupt included: no worker is left behind, not even a zombie
+            self.close()
+            raise
 
     def submit(self, job: GenerationJob) -> None:
         if job.step in self.submitted:
@@ -251,8 +351,8 @@ class GeneratorProcess:
             if not self._process.is_alive():
                 raise GeneratorError(
                     f"The generator process died (exit code {self._process.exitcode}) before it returned the batch of "
-                    f"generation step {step}. Its error, if it printed one, is above; async_generator='inline' "
-                    "generates in the training process instead."
+                    f"generation step {step}. {self._output_hint()}async_generator='inline' generates in the "
+                    "training process instead."
                 )
             if time.monotonic() > deadline:
                 what = "start" if step < 0 else f"return the batch of generation step {step}"
@@ -271,13 +371,25 @@ class GeneratorProcess:
         return completions, logps, seconds
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._jobs.put(None)
-        self._process.join(timeout=10)
-        if self._process.is_alive():
-            self._process.kill()
+        """Stop the worker (it finishes the job it is on; killed after 10 s, or at once while it starts) and reap it."""
+        if self._process is None:
+            return
+        if self._process.pid is not None:
+            if self._ready:  # a worker still starting reads no queue yet: stopped at once
+                with contextlib.suppress(Exception):
+                    self._jobs.put(None)
+                self._process.join(timeout=10)
+            if self._process.is_alive():
+                self._process.kill()
             self._process.join(timeout=5)
+        for channel in (self._jobs, self._results):
+            with contextlib.suppress(Exception):
+                channel.close()
+                channel.cancel_join_thread()  # nobody reads what is left in it
+
+    def _output_hint(self) -> str:
+        return f"Its output, if it printed any, is in {self.log_path}; " if self.log_path else ""
 
     @property
     def alive(self) -> bool:
-        return self._process.is_alive()
+        return self._process is not None and self._process.is_alive()

@@ -393,8 +393,10 @@ def _sampled_batches(trainer) -> list:
         dict(policy_loss="cispo", epsilon_high=5.0),
         dict(policy_loss="dppo"),
         dict(policy_loss="clip", dynamic_sampling=True, max_num_gen_batches=3),
+        # TRL's sampling settings reach the worker through the trainer's generation config
+        dict(top_k=20, top_p=0.9, min_p=0.02, repetition_penalty=1.3, generation_kwargs={"no_repeat_ngram_size": 3}),
     ],
-    ids=["clip", "cispo", "dppo", "dynamic-sampling"],
+    ids=["clip", "cispo", "dppo", "dynamic-sampling", "trl-sampling-settings"],
 )
 def test_the_generator_process_samples_the_batches_of_the_inline_one(settings, tiny_model_path, tmp_path):
     """The worker samples ahead of the trainer with the same behaviour weights and seeds as the in-process

@@ -332,3 +332,97 @@ def test_a_push_that_waits_for_a_server_that_never_answers_is_an_error_in_bounde
         generator.submit(GenerationJob(2, prompt_ids, newer, seed=0))  # a push: waits for step 1 first
     assert time.monotonic() - started < 20
     trainer.pipeline.close()
+
+
+def test_a_queue_of_slow_healthy_requests_trains(server_standin, tiny_model_path, tmp_path):
+    """``async_timeout`` is per request, counted from its sending: with k = 4 the first five batches go out together
+    and are served one after another (over 5 s in all), each within the timeout (a request's 1 s, plus a margin)."""
+    trainer = _trainer(tiny_model_path, tmp_path, max_staleness=4, max_steps=6)
+    server = trainer.vllm_generation.vllm_client
+    prompt_ids = trainer.tokenize_prompts([make_prompts(1)[0]["prompt"]])
+    started = time.monotonic()
+    server.generate(prompts=prompt_ids * 2, n=trainer.num_generations, max_tokens=trainer.max_completion_length)
+    sampling = time.monotonic() - started  # what a request costs on this machine now, on top of its delay
+    server.requests.clear()
+    server.delay = 1.0
+    trainer.args.async_timeout = 1.0 + 3 * sampling + 0.5  # read when train() starts the generator
+    trainer.train()
+    assert len(_ahead_requests(trainer)) == 6
+    assert server.pushes_during_requests == 0
+    assert all(torch.isfinite(torch.tensor(logged_metric(trainer, "loss"))))
+
+
+def test_a_train_after_a_timeout_pushes_no_weights_while_the_left_request_samples(
+    server_standin, tiny_model_path, tmp_path
+):
+    """The first ``train()`` gives up on a request the server takes 2.5 s to answer (``async_timeout=1.5``); the next
+    ``train()`` drops what was still queued and pushes its first weights only once the server has answered."""
+    trainer = _trainer(tiny_model_path, tmp_path, max_staleness=1, max_steps=3, async_timeout=1.5)
+    server = trainer.vllm_generation.vllm_client
+    events = []  # ("push" | "request starts" | "request ends", requests in flight)
+    load, generate = server.load, server.generate
+
+    def recorded_load(model):
+        events.append(("push", server.in_flight))
+        load(model)
+
+    def recorded_generate(*args, **kwargs):
+        events.append(("request starts", server.in_flight))
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            events.append(("request ends", server.in_flight))
+
+    server.load, server.generate = recorded_load, recorded_generate
+    server.delay = 2.5
+    with pytest.raises(GeneratorError, match=r"generation step 0 within 1\.5 s of its sending"):
+        trainer.train()
+    server.delay = 0.0  # the request in flight still takes its 2.5 s
+    first_run = len(events)
+    trainer.train()
+    assert [what for what, _ in events[first_run:]][:2] == ["request ends", "push"], events
+    assert [in_flight for what, in_flight in events if what == "push"] == [0] * sum(w == "push" for w, _ in events)
+    assert server.pushes_during_requests == 0
+    assert len([r for r in _ahead_requests(trainer)]) == 1 + 3, "the first run's queued request was sent anyway"
+
+
+def test_an_interpreter_that_ends_with_a_request_on_the_server_waits_for_it_and_exits_cleanly(
+    tiny_model_path, tmp_path
+):
+    """No request thread runs while Python shuts down: the exit waits for the request the server is sampling."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "ends_with_a_request.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]\n"
+        "import trl.trainer.grpo_trainer as trl_grpo\n"
+        "from test_async_server import ServerModeGeneration, _trainer, make_prompts\n"
+        "from trl_reasoning.async_rollouts import trainable_parameters\n"
+        "from trl_reasoning.generator_process import GenerationJob\n"
+        "from pathlib import Path\n"
+        "trl_grpo.VLLMGeneration = ServerModeGeneration\n"
+        f"trainer = _trainer({tiny_model_path!r}, Path({str(tmp_path / 'out')!r}))\n"
+        "server = trainer.vllm_generation.vllm_client\n"
+        "server.delay = 2.0\n"
+        "generate = server.generate\n"
+        "def answered(*args, **kwargs):\n"
+        "    output = generate(*args, **kwargs)\n"
+        "    print('ANSWERED', flush=True)\n"
+        "    return output\n"
+        "server.generate = answered\n"
+        "prompt_ids = trainer.tokenize_prompts([make_prompts(1)[0]['prompt']] * trainer.num_generations)\n"
+        "weights = {name: p.detach().clone() for name, p in trainable_parameters(trainer.model).items()}\n"
+        "trainer.pipeline.generator.submit(GenerationJob(0, prompt_ids, weights, seed=0))\n"
+        "import time\n"
+        "while not server.in_flight:  # on the server, sampling\n"
+        "    time.sleep(0.01)\n"
+        "print('EXITING', flush=True)\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "terminate called" not in result.stderr
+    markers = [line for line in result.stdout.splitlines() if line in ("EXITING", "ANSWERED")]
+    assert markers == ["EXITING", "ANSWERED"], (result.stdout[-3000:], result.stderr[-3000:])
