@@ -142,6 +142,12 @@ TRL_VLLM_CLIENT_GENERATE: dict[str, tuple[str, ...]] = {
         "generation_kwargs",
     ),
 }
+#: transformers' private ``GenerationMixin`` methods wrapped here, with their leading parameters: the sampler's
+#: log-probabilities are read from ``generate``'s own scores by a processor appended to the list this method builds
+#: (``trl_reasoning.sampler_logps``). Checked against transformers 5.24.0.
+TRANSFORMERS_PRIVATE_API: dict[str, tuple[str, ...]] = {
+    "_get_logits_processor": ("generation_config", "input_ids_seq_length"),
+}
 #: The per-token outputs GRPOTrainer asks of its fused LM head (TRL 1.16, ``GRPOTrainer.__init__``).
 TRL_FUSED_LM_HEAD_OUTPUTS = ("log_probs", "entropy")
 
@@ -215,6 +221,7 @@ def check_trl_private_api(trainer_class: type = GRPOTrainer) -> None:
     whose leading parameters changed (likewise ``TRL_HELPER_FUNCTIONS`` and ``TRL_VLLM_GENERATION``)."""
     import trl
     import trl.trainer.utils as trl_utils
+    from transformers.generation.utils import GenerationMixin
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
 
@@ -222,6 +229,7 @@ def check_trl_private_api(trainer_class: type = GRPOTrainer) -> None:
     problems += _signature_problems("trl.trainer.utils", trl_utils, TRL_HELPER_FUNCTIONS)
     problems += _signature_problems("VLLMGeneration", VLLMGeneration, TRL_VLLM_GENERATION)
     problems += _signature_problems("VLLMClient", VLLMClient, TRL_VLLM_CLIENT_GENERATE)
+    problems += _signature_problems("transformers GenerationMixin", GenerationMixin, TRANSFORMERS_PRIVATE_API)
     class_source = inspect.getsource(VLLMGeneration)
     for attribute in TRL_VLLM_GENERATION_ATTRIBUTES:
         if f"self.{attribute} =" not in class_source:

@@ -121,16 +121,27 @@ def test_the_worker_reads_its_sampler_logps_from_the_scores_of_its_one_generate(
 # --------------------------------------------------------------------------------- the ratio on the truncated support
 
 
-def test_at_lag_0_the_ratio_on_the_truncated_support_is_exactly_1(tiny_model_path, tmp_path):
-    trainer = _trainer(tiny_model_path, tmp_path, vllm_importance_sampling_mode="token_truncate")
+@pytest.mark.parametrize("pi_old_from_loss", [True, False], ids=["pi_old-from-loss", "pi_old-from-trl-forward"])
+def test_at_lag_0_the_ratio_on_the_truncated_support_is_exactly_1(pi_old_from_loss, tiny_model_path, tmp_path):
+    trainer = _trainer(
+        tiny_model_path,
+        tmp_path,
+        vllm_importance_sampling_mode="token_truncate",
+        importance_sampling_pi_old_from_loss=pi_old_from_loss,
+    )
     assert trainer.args.truncated_support_scoring is True, "None did not resolve to on for a truncating sampler"
     inputs = generate_batch(trainer)
     mask = loss_tokens(inputs).float()
     mu = inputs["sampling_per_token_logps"]
-    # TRL's correction between pi_old (TRL's own forward, now on the support) and mu
-    ratio = inputs["importance_sampling_ratio"]
-    torch.testing.assert_close(ratio * mask, mask, atol=2e-5, rtol=0)
     logps, _, _, _ = trainer._policy_forward(trainer.model, inputs)
+    # The correction between pi_old (on the support) and mu: built in the loss from its own forward's log-probs, or
+    # by TRL at scoring from its own no-grad forward
+    if pi_old_from_loss:
+        assert "importance_sampling_ratio" not in inputs, "TRL built the correction: its pi_old forward ran"
+        ratio = trainer._correction_weight(logps.detach(), mu, mask)
+    else:
+        ratio = inputs["importance_sampling_ratio"]
+    torch.testing.assert_close(ratio * mask, mask, atol=2e-5, rtol=0)
     torch.testing.assert_close(((logps - mu) * mask).exp(), torch.ones_like(mask), atol=2e-5, rtol=0)
     # the loss has the untruncated on-policy loss's form: clip(ratio 1) * A, times a correction of 1
     advantages = inputs["advantages"].unsqueeze(1)

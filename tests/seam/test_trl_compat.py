@@ -82,6 +82,16 @@ def test_a_changed_trl_helper_function_is_named(monkeypatch):
         seam.check_trl_private_api(GRPOTrainer)
 
 
+def test_a_removed_transformers_generation_method_is_named(monkeypatch):
+    """The sampler's log-probs come from a processor added to the list ``_get_logits_processor`` builds: a
+    transformers release without it must fail loudly when a trainer is built, not fall back in silence."""
+    from transformers.generation.utils import GenerationMixin
+
+    monkeypatch.delattr(GenerationMixin, "_get_logits_processor")
+    with pytest.raises(seam.TRLCompatibilityError, match=r"GenerationMixin\._get_logits_processor no longer exists"):
+        seam.check_trl_private_api(GRPOTrainer)
+
+
 def test_the_fused_head_outputs_are_trls():
     """The PEFT FP32-head path rebuilds TRL's fused LM head with TRL's own arguments: read them from TRL's source."""
     import inspect
