@@ -233,6 +233,7 @@ class GeneratorProcess:
         self._results = context.Queue()
         self._done: dict[int, tuple] = {}
         self.submitted: set[int] = set()
+        self._packed: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None  # the last weights shipped, packed
         self._process = context.Process(
             target=_worker, args=(model_recipe(model), settings, self._jobs, self._results), daemon=True
         )
@@ -243,7 +244,9 @@ class GeneratorProcess:
     def submit(self, job: GenerationJob) -> None:
         if job.step in self.submitted:
             return
-        self._jobs.put(dataclasses.replace(job, weights=packed(job.weights)))
+        if self._packed is None or self._packed[0] is not job.weights:  # the jobs of one step share their weights
+            self._packed = (job.weights, packed(job.weights))
+        self._jobs.put(dataclasses.replace(job, weights=self._packed[1]))
         self.submitted.add(job.step)
 
     def result(self, step: int) -> tuple[list[list[int]], list[list[float]], float, float]:

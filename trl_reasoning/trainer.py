@@ -520,11 +520,11 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         # The sampling state goes in first, atomically: the Trainer writes trainer_state.json last (then starts the hub
         # push), so a checkpoint whose trainer_state.json reads always holds its whole sampling state.
+        folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
         if self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
             self.rollout.save(folder)
-            if self.async_rollouts is not None:
-                self.async_rollouts.save(folder)
+        if self.async_rollouts is not None:  # every process: each keeps the sampled batches of its own rows
+            self.async_rollouts.save(folder, write_shared=self.args.should_save)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
