@@ -163,3 +163,8 @@ def test_async_rollouts_bench_worker_runs_both_generators():
         {"async_rollouts": True, "max_staleness": 8, "async_generator": "process"},
     )
     assert bench.arm_settings("process2t-k2")[0] == 2
+
+
+def test_async_memory_bench_quick():
+    table = _load("async_memory").main(["--quick"])
+    assert "full fine-tune" in table and "LoRA r=8" in table

@@ -311,6 +311,7 @@ class GeneratorProcess:
         self._done: dict[int, tuple] = {}
         self.submitted: set[int] = set()
         self._process = None
+        self._packed: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None  # the last weights shipped, packed
         self._ready = False
         try:
             recipe = model_recipe(model)
@@ -334,7 +335,9 @@ class GeneratorProcess:
     def submit(self, job: GenerationJob) -> None:
         if job.step in self.submitted:
             return
-        self._jobs.put(dataclasses.replace(job, weights=packed(job.weights)))
+        if self._packed is None or self._packed[0] is not job.weights:  # the jobs of one step share their weights
+            self._packed = (job.weights, packed(job.weights))
+        self._jobs.put(dataclasses.replace(job, weights=self._packed[1]))
         self.submitted.add(job.step)
 
     def result(self, step: int) -> tuple[list[list[int]], list[list[float]], float, float]:

@@ -726,11 +726,15 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         # The sampling state goes in first, atomically: the Trainer writes trainer_state.json last (then starts the hub
         # push), so a checkpoint whose trainer_state.json reads always holds its whole sampling state.
-        if self.args.should_save and getattr(self, "rollout", None) is not None:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        if getattr(self, "rollout", None) is None:  # a trainer built without __init__ (TRL's tests): TRL's own
+            return super()._save_checkpoint(model, trial)
+        folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        if self.args.should_save:
             self.rollout.save(folder)
-            if getattr(self, "async_rollouts", None) is not None:
-                self.async_rollouts.save(folder)
+        if (
+            getattr(self, "async_rollouts", None) is not None
+        ):  # every process: each keeps the sampled batches of its rows
+            self.async_rollouts.save(folder, write_shared=self.args.should_save)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
