@@ -212,8 +212,10 @@ class ReasoningConfig(GRPOConfig):
             the whole vocabulary, so their ratio is not 1 even on-policy. `True`: the policy (and `pi_old` and the
             reference, wherever TRL scores them) is scored on the same support, the temperature and the truncation
             applied to its own logits and renormalised, so the ratio is exactly 1 at lag 0. `False`: TRL's
-            full-vocabulary scoring. `None`: on when sampling truncates, except with DPPO's top-K divergence or the
-            entropy bonus (off there, with a warning). The repetition penalty is not reproduced.
+            full-vocabulary scoring. `None`: on when sampling truncates and the sampler's log-probs enter the loss
+            (`use_vllm=True` or asynchronous rollouts), except with DPPO's top-K divergence or the entropy bonus (off
+            there, with a warning); a synchronous run sampled by `generate` keeps TRL's objective unless `True`. The
+            repetition penalty is not reproduced.
 
         > Parameters of fault handling
 
@@ -389,8 +391,8 @@ class ReasoningConfig(GRPOConfig):
         metadata={
             "help": "Score the policy (and pi_old, the reference) on the sampler's truncated support (top_k, top_p, "
             "min_p applied to its own logits, renormalised), so that its ratio to the sampler's log-probs is 1 "
-            "on-policy. False = TRL's full-vocabulary scoring. None = on when sampling truncates (off, with a "
-            "warning, with DPPO's top-K divergence or the entropy bonus)."
+            "on-policy. False = TRL's full-vocabulary scoring. None = on when sampling truncates with vLLM or "
+            "asynchronous rollouts (off, with a warning, with DPPO's top-K divergence or the entropy bonus)."
         },
     )
     on_reward_error: str = field(
@@ -585,8 +587,8 @@ class ReasoningConfig(GRPOConfig):
         self.scale_rewards = implied
 
     def _resolve_truncated_support_scoring(self) -> None:
-        """``truncated_support_scoring``: checked, and ``None`` resolved (on when sampling truncates, where the loss
-        path supports it)."""
+        """``truncated_support_scoring``: checked, and ``None`` resolved (on when sampling truncates and the sampler's
+        log-probs enter the loss, with vLLM or asynchronous rollouts, where the loss path supports it)."""
         requested = self.truncated_support_scoring
         if requested is not None and not isinstance(requested, bool):
             raise ValueError(f"truncated_support_scoring must be True, False or None, got {requested!r}.")
@@ -606,9 +608,12 @@ class ReasoningConfig(GRPOConfig):
                 f"truncated_support_scoring=True does not support {'; '.join(unsupported)}. Set "
                 "truncated_support_scoring=False (TRL's full-vocabulary scoring)."
             )
+        # Only where the sampler's log-probs meet the policy's in a ratio (vLLM, asynchronous rollouts) is TRL's
+        # full-vocabulary scoring a bias of that ratio; a synchronous run sampled by `generate` keeps TRL's objective.
+        ratio_to_sampler = self.use_vllm or self.async_rollouts is not False
         if requested is None:
-            self.truncated_support_scoring = truncation.truncates and not unsupported
-            if truncation.truncates and unsupported:
+            self.truncated_support_scoring = truncation.truncates and ratio_to_sampler and not unsupported
+            if truncation.truncates and ratio_to_sampler and unsupported:
                 warnings.warn(
                     f"Sampling truncates ({truncation}), but the policy is scored on the whole vocabulary, as TRL "
                     f"does, because of {'; '.join(unsupported)}: the importance-sampling ratio is not 1 on-policy. "

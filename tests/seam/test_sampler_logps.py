@@ -177,14 +177,20 @@ def test_the_switch_is_checked_at_construction():
     with pytest.raises(ValueError, match="truncated_support_scoring"):
         tr.ReasoningConfig(**cpu_args(), truncated_support_scoring="maybe", top_p=0.9)
     assert tr.ReasoningConfig(**cpu_args()).truncated_support_scoring is False
-    assert tr.ReasoningConfig(**cpu_args(), generation_kwargs={"min_p": 0.1}).truncated_support_scoring is True
+    # on by default where the sampler's log-probs meet the policy's in a ratio: vLLM or asynchronous rollouts
+    for where in ({"use_vllm": True}, {"async_rollouts": True}):
+        config = tr.ReasoningConfig(**cpu_args(), generation_kwargs={"min_p": 0.1}, **where)
+        assert config.truncated_support_scoring is True, where
+    # a synchronous run sampled by generate keeps TRL's objective unless asked
+    assert tr.ReasoningConfig(**cpu_args(), top_p=0.9).truncated_support_scoring is False
+    assert tr.ReasoningConfig(**cpu_args(), top_p=0.9, truncated_support_scoring=True).truncated_support_scoring
     with pytest.warns(UserWarning, match="scored on the whole vocabulary"):
-        config = tr.DPPOConfig(**cpu_args(), top_k=20, dppo_divergence="topk_tv")
+        config = tr.DPPOConfig(**cpu_args(), top_k=20, dppo_divergence="topk_tv", use_vllm=True)
     assert config.truncated_support_scoring is False
 
 
 def test_a_short_run_with_truncated_sampling_trains(tiny_model_path, tmp_path):
-    args = tr.DAPOConfig(**cpu_args(output_dir=str(tmp_path), max_steps=3, **SAMPLING))
+    args = tr.DAPOConfig(**cpu_args(output_dir=str(tmp_path), max_steps=3, truncated_support_scoring=True, **SAMPLING))
     assert args.truncated_support_scoring is True
     trainer = tr.DAPOTrainer(
         model=tiny_model_path, reward_funcs=digit_fraction, args=args, train_dataset=make_prompts()
