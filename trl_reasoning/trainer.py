@@ -590,7 +590,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         """TRL's, or with ``truncated_support_scoring`` the log-probs of the sampler's truncated distribution
         (``TopKForwardMixin._logps_on_sampling_support``): every policy TRL scores here (``pi_theta`` in the loss,
         ``pi_old``, the reference) on its own truncated support, like the sampler's log-probs."""
-        if not self.args.truncated_support_scoring:
+        if not getattr(self.args, "truncated_support_scoring", False):  # also a trainer built without __init__
             return super()._get_per_token_logps_and_entropies(
                 model,
                 input_ids,
