@@ -86,6 +86,21 @@ def generate_batch(trainer, seed: int = 123) -> dict:
     return trainer._generate_and_score_completions(batch)
 
 
+def logps_under(model, weights, prompt_ids, completion_ids, temperature) -> list[torch.Tensor]:
+    """Independent recomputation of sampled tokens' log-probs with ``weights`` loaded into ``model``: each sequence
+    alone, no padding, float64 log-softmax."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name in weights:
+                param.copy_(weights[name])
+        rows = []
+        for prompt, completion in zip(prompt_ids, completion_ids, strict=True):
+            ids = torch.tensor([prompt + completion])
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double() / temperature
+            rows.append(torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0])
+    return rows
+
+
 def message_text(message) -> str:
     """The text of a prompt or completion, conversational (the last message's content) or plain."""
     return message[-1]["content"] if isinstance(message, list) else message

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import StopAt, cpu_args, digit_fraction, logged_metric, lora_config, make_prompts
+from conftest import StopAt, cpu_args, digit_fraction, logged_metric, logps_under, lora_config, make_prompts
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 import trl_reasoning as tr
@@ -100,19 +100,6 @@ def test_the_features_that_need_snapshots_keep_the_last_k_plus_1(overrides, reas
     assert kept.kept == [[0], [0, 1], [0, 1, 2], [1, 2, 3]]
 
 
-def _logps(model, weights, prompt_ids, completion_ids, temperature):
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name in weights:
-                param.copy_(weights[name])
-        rows = []
-        for prompt, completion in zip(prompt_ids, completion_ids, strict=True):
-            ids = torch.tensor([prompt + completion])
-            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double() / temperature
-            rows.append(torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0])
-    return rows
-
-
 def test_an_epoch_boundary_keeps_only_the_weights_of_the_next_epoch_s_first_batches(tiny_model_path, tmp_path):
     """8 prompts, 2 a step: an epoch is 4 steps, and the next epoch's prompts are drawn when it starts. The weights of
     steps 2 and 3 sample the batches of steps 4 and 5: they are kept until step 4 samples them, and every batch is
@@ -136,7 +123,9 @@ def test_an_epoch_boundary_keeps_only_the_weights_of_the_next_epoch_s_first_batc
     assert logged_metric(trainer, "async/staleness") == [0, 1, 2, 2, 2, 2, 2]
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
     for step, prompt_ids, completion_ids, logprobs in calls:
-        expected = _logps(reference, kept.weights[max(step - k, 0)], prompt_ids, completion_ids, trainer.temperature)
+        expected = logps_under(
+            reference, kept.weights[max(step - k, 0)], prompt_ids, completion_ids, trainer.temperature
+        )
         for row, want in zip(logprobs, expected, strict=True):
             torch.testing.assert_close(torch.tensor(row, dtype=torch.float64), want, atol=1e-4, rtol=1e-4)
 

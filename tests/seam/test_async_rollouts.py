@@ -22,6 +22,7 @@ from conftest import (
     digit_fraction,
     generate_batch,
     logged_metric,
+    logps_under,
     lora_config,
     make_prompts,
 )
@@ -135,20 +136,6 @@ class _Recording:
         trainer._generate = recorded
 
 
-def _logps_under(model, weights, prompt_ids, completion_ids, temperature):
-    """Independent recomputation: each sequence alone, no padding, float64 log-softmax."""
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name in weights:
-                param.copy_(weights[name])
-        rows = []
-        for prompt, completion in zip(prompt_ids, completion_ids, strict=True):
-            ids = torch.tensor([prompt + completion])
-            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double() / temperature
-            rows.append(torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0])
-    return rows
-
-
 @pytest.mark.parametrize("policy_loss", ["clip", "cispo", "dppo"])
 def test_each_batch_is_sampled_by_the_weights_of_k_steps_earlier(policy_loss, tiny_model_path, tmp_path):
     k = 2
@@ -161,11 +148,11 @@ def test_each_batch_is_sampled_by_the_weights_of_k_steps_earlier(policy_loss, ti
     differs_from_current = 0
     for step, current, prompt_ids, completion_ids, logprobs in recording.calls:
         behaviour = weights_at[max(step - k, 0)]
-        expected = _logps_under(reference, behaviour, prompt_ids, completion_ids, trainer.temperature)
+        expected = logps_under(reference, behaviour, prompt_ids, completion_ids, trainer.temperature)
         for recorded, want in zip(logprobs, expected, strict=True):
             torch.testing.assert_close(torch.tensor(recorded, dtype=torch.float64), want, atol=1e-4, rtol=1e-4)
         if step >= 1:
-            now = _logps_under(reference, current, prompt_ids, completion_ids, trainer.temperature)
+            now = logps_under(reference, current, prompt_ids, completion_ids, trainer.temperature)
             differs_from_current += max(float((torch.tensor(r) - n).abs().max()) for r, n in zip(logprobs, now))
     assert differs_from_current > 1e-2, "the recorded log-probs are those of the current weights: nothing lagged"
     losses = logged_metric(trainer, "loss")
