@@ -43,7 +43,7 @@ def saved_model(tokenizer, vocab: int, hidden: int = 128, layers: int = 2) -> st
     """The tiny Qwen2 (``demo.tiny.build_model``, seed 0) with ``vocab`` tokens, saved with its tokenizer to a temporary
     folder; trainers load the policy and, when ``beta > 0``, the reference model from that path (TRL builds the
     reference from the model's ``name_or_path``)."""
-    from trl_reasoning.demo.tiny import build_model
+    from trl_reasoning.models.tiny import build_model
 
     key = (vocab, hidden, layers)
     if key not in _SAVED_MODELS:  # once per process: later, with the process group up, only rank 0 would write
@@ -108,7 +108,7 @@ def workload_trainer(
     with HF ``generate`` instead (for trainers without ``rollout_func``, such as TRL's ``RLOOTrainer``): the same seed
     gives both sides of a comparison the same completions. ``model_path``: another saved model (with this workload's
     tokenizer) instead of the tiny one; ``device_kwargs``: the device settings, ``cpu_config_kwargs()`` by default."""
-    from trl_reasoning.demo.tiny import build_tokenizer, cpu_config_kwargs
+    from trl_reasoning.models.tiny import build_tokenizer, cpu_config_kwargs
 
     cpu_threads()
     tokenizer = build_tokenizer()
@@ -207,11 +207,11 @@ def cpu_threads() -> None:
 
 
 def use_free_cores(requested: int | None = None) -> int:
-    """Set torch's threads as the main job does (``trl_reasoning.threads``: ``None`` = torch's default less the cores
+    """Set torch's threads as the main job does (``trl_reasoning.utils.threads``: ``None`` = torch's default less the cores
     other processes keep busy now, ``0`` = torch's default) and return the count, for the table's header."""
     import torch
 
-    from trl_reasoning.threads import resolve_threads
+    from trl_reasoning.utils.threads import resolve_threads
 
     threads = resolve_threads(requested)
     torch.set_num_threads(threads)

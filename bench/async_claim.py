@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> str:
     if not options.summarize:
         import torch
 
-        from trl_reasoning.demo.testbed import ChainSumTask
         from trl_reasoning.demo.warm_start import WarmStartSettings, warm_start
+        from trl_reasoning.tasks.chain_sums import ChainSumTask
 
         torch.set_num_threads(1)
         task = ChainSumTask(num_test_per_length=20)

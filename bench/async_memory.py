@@ -63,7 +63,7 @@ def measure(lora: bool, steps: int, out: str) -> dict:
     from transformers import TrainerCallback
 
     import trl_reasoning as tr
-    from trl_reasoning.demo.tiny import cpu_config_kwargs, save_tiny_model
+    from trl_reasoning.models.tiny import cpu_config_kwargs, save_tiny_model
 
     model_path = str(save_tiny_model(os.path.join(out, "model"), seed=0))
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}="}]} for i in range(64)])

@@ -58,7 +58,7 @@ def worker(model: str, arm: str, seed: int, steps: int, warmup: int, preset: str
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from trl_reasoning.demo.tiny import cpu_config_kwargs
+    from trl_reasoning.models.tiny import cpu_config_kwargs
 
     threads, overrides = arm_settings(arm)
     torch.set_num_threads(threads)
@@ -67,9 +67,9 @@ def worker(model: str, arm: str, seed: int, steps: int, warmup: int, preset: str
         from peft import LoraConfig
         from transformers import AutoTokenizer
 
-        from trl_reasoning.demo.arithmetic import ArithmeticTask, last_number_reward
         from trl_reasoning.demo.run import REAL_MODEL_TRAINING
-        from trl_reasoning.pretrained import smollm2_path
+        from trl_reasoning.models.pretrained import smollm2_path
+        from trl_reasoning.tasks.arithmetic import ArithmeticTask, last_number_reward
 
         path = str(smollm2_path())
         settings = {**cpu_config_kwargs(), **REAL_MODEL_TRAINING}
@@ -81,8 +81,8 @@ def worker(model: str, arm: str, seed: int, steps: int, warmup: int, preset: str
             peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
         )
     else:
-        from trl_reasoning.demo.task import digit_reward
-        from trl_reasoning.demo.tiny import save_tiny_model
+        from trl_reasoning.models.tiny import save_tiny_model
+        from trl_reasoning.tasks.digit_reversal import digit_reward
 
         path = str(save_tiny_model(Path(output_dir) / "tiny", seed=0))
         settings = {

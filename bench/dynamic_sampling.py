@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
 import trl_reasoning as tr  # noqa: E402
-from trl_reasoning.demo.tiny import cpu_config_kwargs, save_tiny_model  # noqa: E402
+from trl_reasoning.models.tiny import cpu_config_kwargs, save_tiny_model  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import record  # noqa: E402

@@ -135,10 +135,10 @@ def run_one(job: dict) -> dict:
     from transformers import AutoModelForCausalLM, TrainerCallback
 
     from trl_reasoning import ReasoningConfig, ReasoningTrainer
-    from trl_reasoning.demo.arithmetic import ArithmeticTask, last_number, last_number_reward
-    from trl_reasoning.demo.tiny import cpu_config_kwargs
-    from trl_reasoning.loading import load_tokenizer
-    from trl_reasoning.pretrained import smollm2_path
+    from trl_reasoning.models.loading import load_tokenizer
+    from trl_reasoning.models.pretrained import smollm2_path
+    from trl_reasoning.models.tiny import cpu_config_kwargs
+    from trl_reasoning.tasks.arithmetic import ArithmeticTask, last_number, last_number_reward
 
     datasets.disable_progress_bars()
     transformers.utils.logging.set_verbosity_error()
@@ -220,8 +220,8 @@ def held_out_measures(model, tokenizer, rows: list[dict], max_new_tokens: int, l
     incorrect sampled replies."""
     import torch
 
-    from trl_reasoning.callbacks import _prompt_texts, _sample
-    from trl_reasoning.evaluation import mean_pass_at_k
+    from trl_reasoning.evaluation.callbacks import _prompt_texts, _sample
+    from trl_reasoning.evaluation.pass_at_k import mean_pass_at_k
 
     generation = {
         "max_new_tokens": max_new_tokens,

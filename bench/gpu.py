@@ -64,7 +64,7 @@ def saved_model(shape: dict, smoke: bool) -> tuple[str, int]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trl_reasoning.demo.tiny import build_tokenizer
+    from trl_reasoning.models.tiny import build_tokenizer
 
     tokenizer = build_tokenizer()
     config = Qwen2Config(

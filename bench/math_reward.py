@@ -72,7 +72,7 @@ def graders() -> dict:
     """name -> grade(text, reference) -> 0/1 (float), None when the grader skips the case."""
     from trl.rewards import accuracy_reward
 
-    from trl_reasoning.rewards_math import grade_answer
+    from trl_reasoning.rewards.math_answers import grade_answer
 
     return {
         "number-only": lambda text, ref: grade_answer(text, ref, use_math_verify=False),

@@ -42,8 +42,8 @@ TARGET_ACCURACY = 0.9
 
 def lengths_by_correctness(model, tokenizer, rows, num_samples: int, max_new_tokens: int) -> tuple[float, float]:
     """Mean length (tokens, EOS included) of sampled completions that are correct and of those that are not."""
-    from trl_reasoning.callbacks import _prompt_texts, _sample
-    from trl_reasoning.demo.task import exact_match_reward
+    from trl_reasoning.evaluation.callbacks import _prompt_texts, _sample
+    from trl_reasoning.tasks.digit_reversal import exact_match_reward
 
     correct, incorrect = [], []
     for start in range(0, len(rows), 64):
@@ -70,10 +70,10 @@ def run_one(method: str, seed: int, steps: int, eval_every: int, model_dir: str,
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
 
-    from trl_reasoning.callbacks import PassAtKCallback, evaluate_pass_at_k
     from trl_reasoning.demo.run import demo_training_defaults
-    from trl_reasoning.demo.task import exact_match_reward
-    from trl_reasoning.loading import load_tokenizer
+    from trl_reasoning.evaluation.callbacks import PassAtKCallback, evaluate_pass_at_k
+    from trl_reasoning.models.loading import load_tokenizer
+    from trl_reasoning.tasks.digit_reversal import exact_match_reward
 
     key, overrides = METHODS[method]
     config_class, trainer_class = trainer_classes(key)
@@ -140,7 +140,7 @@ def _at(pass_k: list[float], k: int) -> float:
 
 
 def summarize(results: dict[str, list[dict]], steps: int, seeds: int) -> tuple[str, dict]:
-    from trl_reasoning.scaling import fit_compute_curve
+    from trl_reasoning.evaluation.compute_curves import fit_compute_curve
 
     mean = statistics.mean
     lines = [

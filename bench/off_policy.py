@@ -95,9 +95,9 @@ def worker(arm: str, seed: int, steps: int, warmup: int, length: int, num_thread
     from trl import GRPOConfig, GRPOTrainer
 
     import trl_reasoning as tr
-    from trl_reasoning.demo.arithmetic import ArithmeticTask
-    from trl_reasoning.demo.tiny import cpu_config_kwargs
-    from trl_reasoning.pretrained import smollm2_path
+    from trl_reasoning.models.pretrained import smollm2_path
+    from trl_reasoning.models.tiny import cpu_config_kwargs
+    from trl_reasoning.tasks.arithmetic import ArithmeticTask
 
     threads = use_free_cores(num_threads)
     InstantEngine.length = length

@@ -185,10 +185,10 @@ def _real_trainer(side: str, steps: int, output_dir: str):
     from peft import LoraConfig
     from transformers import AutoTokenizer
 
-    from trl_reasoning.demo.arithmetic import ArithmeticTask, last_number_reward
     from trl_reasoning.demo.run import REAL_MODEL_TRAINING
-    from trl_reasoning.demo.tiny import cpu_config_kwargs
-    from trl_reasoning.pretrained import smollm2_path
+    from trl_reasoning.models.pretrained import smollm2_path
+    from trl_reasoning.models.tiny import cpu_config_kwargs
+    from trl_reasoning.tasks.arithmetic import ArithmeticTask, last_number_reward
 
     path = str(smollm2_path())
     settings = {**cpu_config_kwargs(), **REAL_MODEL_TRAINING, "max_steps": steps, "output_dir": output_dir}
@@ -286,8 +286,8 @@ def topk_worker(name: str, steps: int, length: int, num_threads: int | None = No
     from peft import LoraConfig
     from transformers import AutoTokenizer
 
-    from trl_reasoning.demo.tiny import cpu_config_kwargs
-    from trl_reasoning.pretrained import smollm2_path
+    from trl_reasoning.models.pretrained import smollm2_path
+    from trl_reasoning.models.tiny import cpu_config_kwargs
 
     use_free_cores(num_threads)
     trainer_name, overrides, from_hidden = TOPK_CONFIGS[name]
@@ -360,9 +360,9 @@ def dynamic_sampling(options) -> str:
     from dynamic_sampling import MODES, run
     from peft import LoraConfig
 
-    from trl_reasoning.demo.arithmetic import ArithmeticTask, last_number_reward
     from trl_reasoning.demo.run import REAL_MODEL_TRAINING
-    from trl_reasoning.pretrained import smollm2_path
+    from trl_reasoning.models.pretrained import smollm2_path
+    from trl_reasoning.tasks.arithmetic import ArithmeticTask, last_number_reward
 
     use_free_cores(options.num_threads)
     path = str(smollm2_path())

@@ -1,7 +1,7 @@
 """The papers in miniature, v2: every preset, TRL's GRPOTrainer and TRL's RLOOTrainer on the chain-sum testbed, from
 the same warm start, with the same budget of generated tokens, over several seeds.
 
-The task (``trl_reasoning.demo.testbed.ChainSumTask``, whose docstring says why it can separate the algorithms) has
+The task (``trl_reasoning.tasks.chain_sums.ChainSumTask``, whose docstring says why it can separate the algorithms) has
 completions whose length the policy controls, chains from 2 to 8 terms (the warm start solves long ones rarely) and a
 sloppy teacher. Two regimes:
 
@@ -70,7 +70,7 @@ class TokenMeter:
         self.tokens = 0
 
     def __call__(self, completions, answer, completion_ids=None, **kwargs):
-        from trl_reasoning.demo.testbed import chain_sum_reward
+        from trl_reasoning.tasks.chain_sums import chain_sum_reward
 
         if completion_ids is not None:
             self.tokens += sum(len(ids) for ids in completion_ids)
@@ -81,7 +81,7 @@ class TokenMeter:
 
 def _evaluation_chunks(tokenizer, rows: list[dict], size: int = 32):
     """``(rows, prompt texts, answers)`` of consecutive chunks of ``rows``, for batched generation."""
-    from trl_reasoning.callbacks import _prompt_texts
+    from trl_reasoning.evaluation.callbacks import _prompt_texts
 
     for start in range(0, len(rows), size):
         chunk = rows[start : start + size]
@@ -105,8 +105,8 @@ def _eval_mode(model):
 
 def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int) -> float:
     """Held-out greedy accuracy alone (the learning curve's points): no sampling, so no random numbers drawn."""
-    from trl_reasoning.callbacks import _sample
-    from trl_reasoning.demo.testbed import chain_sum_reward
+    from trl_reasoning.evaluation.callbacks import _sample
+    from trl_reasoning.tasks.chain_sums import chain_sum_reward
 
     generation = _generation(tokenizer, max_new_tokens)
     greedy: list[float] = []
@@ -119,9 +119,9 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int) -> 
 def final_evaluation(model, tokenizer, rows: list[dict], max_new_tokens: int, samples: int) -> dict:
     """Greedy accuracy, then ``samples`` sampled completions per prompt: pass@k for k = 1..samples overall, pass@1
     and pass@samples per chain length, mean length of correct and incorrect completions, scratchpad use."""
-    from trl_reasoning.callbacks import _sample
-    from trl_reasoning.demo.testbed import chain_sum_reward
-    from trl_reasoning.evaluation import mean_pass_at_k
+    from trl_reasoning.evaluation.callbacks import _sample
+    from trl_reasoning.evaluation.pass_at_k import mean_pass_at_k
+    from trl_reasoning.tasks.chain_sums import chain_sum_reward
 
     greedy = greedy_accuracy(model, tokenizer, rows, max_new_tokens)  # draws no random numbers: sampling is unchanged
     generation = _generation(tokenizer, max_new_tokens)
@@ -167,9 +167,9 @@ def run_one(job: dict) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
 
-    from trl_reasoning.demo.testbed import ChainSumTask
-    from trl_reasoning.demo.tiny import cpu_config_kwargs
-    from trl_reasoning.loading import load_tokenizer
+    from trl_reasoning.models.loading import load_tokenizer
+    from trl_reasoning.models.tiny import cpu_config_kwargs
+    from trl_reasoning.tasks.chain_sums import ChainSumTask
 
     datasets.disable_progress_bars()
     transformers.utils.logging.set_verbosity_error()
@@ -358,7 +358,7 @@ def _median_ci(values: list[float]) -> str:
 
 
 def methods_table(results: list[dict], regime: str, warm: dict) -> str:
-    from trl_reasoning.scaling import fit_compute_curve
+    from trl_reasoning.evaluation.compute_curves import fit_compute_curve
 
     k = len(results[0]["pass_at_k"])
     lines = [
@@ -500,9 +500,9 @@ def main(argv: list[str] | None = None) -> str:
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from trl_reasoning.demo.testbed import ChainSumTask
     from trl_reasoning.demo.warm_start import WarmStartSettings, warm_start
-    from trl_reasoning.loading import load_tokenizer
+    from trl_reasoning.models.loading import load_tokenizer
+    from trl_reasoning.tasks.chain_sums import ChainSumTask
 
     datasets.disable_progress_bars()
     transformers.utils.logging.set_verbosity_error()

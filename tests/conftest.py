@@ -18,8 +18,8 @@ from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 import trl_reasoning as tr  # noqa: E402
-from trl_reasoning.demo.task import digit_reward  # noqa: E402
-from trl_reasoning.demo.tiny import cpu_config_kwargs, save_tiny_model  # noqa: E402
+from trl_reasoning.models.tiny import cpu_config_kwargs, save_tiny_model  # noqa: E402
+from trl_reasoning.tasks.digit_reversal import digit_reward  # noqa: E402
 
 sys.path.append(str(Path(__file__).parents[1] / "bench"))
 from _common import run_torchrun as launch_two_processes  # noqa: E402

@@ -41,9 +41,9 @@ from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOTrainer
 
 import trl_reasoning as tr
-from trl_reasoning import trainer as seam
-from trl_reasoning.checkpoints import SAMPLING_STATE_FILE
-from trl_reasoning.rewards import RewardFunctionError, RewardTimeoutError
+from trl_reasoning.rewards.wrapping import RewardFunctionError, RewardTimeoutError
+from trl_reasoning.trainer import base as seam
+from trl_reasoning.trainer.checkpoints import SAMPLING_STATE_FILE
 
 DOC = Path(__file__).parents[1] / "docs" / "RELIABILITY.md"
 SECRET = "hf_SECRET123"
@@ -118,7 +118,7 @@ def test_a_single_reward_function_that_scores_nothing_trains_on_like_trl(tiny_mo
         train_dataset=make_prompts(),
     )
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
-    with caplog.at_level(logging.WARNING, logger="trl_reasoning.rewards"):
+    with caplog.at_level(logging.WARNING, logger="trl_reasoning.rewards.wrapping"):
         trainer.train()
     assert trainer.state.global_step == 2
     assert "Reward function 'all_none_reward' returned None or NaN for all 8 completions" in caplog.text

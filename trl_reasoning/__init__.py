@@ -3,31 +3,35 @@
 Swap ``GRPOTrainer``/``GRPOConfig`` for ``DAPOTrainer``/``DAPOConfig`` (or another preset) and keep the rest.
 """
 
-from .advantages import compute_advantages
-from .aggregation import aggregate_loss, completion_weights
-from .callbacks import PassAtKCallback, evaluate_pass_at_k
-from .cispo import CISPOConfig, CISPOTrainer
-from .dapo import DAPOConfig, DAPOTrainer
-from .dppo import DPPOConfig, DPPOTrainer
-from .dr_grpo import DrGRPOConfig, DrGRPOTrainer
-from .evaluation import mean_pass_at_k, pass_at_k
-from .guards import LaunchWarning, NonFiniteLossError, NonFiniteLossWarning
-from .losses import compute_policy_loss
-from .maxrl import MaxRLConfig, MaxRLTrainer
-from .model_card import ReasoningModelCardMixin
-from .rewards import RewardFunctionError, overlong_penalty
-from .rloo import RLOOConfig, RLOOTrainer
-from .rollout import DynamicSamplingWarning
-from .scalerl import ScaleRLConfig, ScaleRLTrainer
-from .scaling import ComputeCurveFit, fit_compute_curve
-from .trainer import (
+from . import _legacy_paths
+from .algorithms.advantages import compute_advantages
+from .algorithms.aggregation import aggregate_loss, completion_weights
+from .algorithms.losses import compute_policy_loss
+from .evaluation.callbacks import PassAtKCallback, evaluate_pass_at_k
+from .evaluation.compute_curves import ComputeCurveFit, fit_compute_curve
+from .evaluation.pass_at_k import mean_pass_at_k, pass_at_k
+from .models.model_card import ReasoningModelCardMixin
+from .presets.cispo import CISPOConfig, CISPOTrainer
+from .presets.dapo import DAPOConfig, DAPOTrainer
+from .presets.dppo import DPPOConfig, DPPOTrainer
+from .presets.dr_grpo import DrGRPOConfig, DrGRPOTrainer
+from .presets.maxrl import MaxRLConfig, MaxRLTrainer
+from .presets.rloo import RLOOConfig, RLOOTrainer
+from .presets.scalerl import ScaleRLConfig, ScaleRLTrainer
+from .rewards.wrapping import RewardFunctionError, overlong_penalty
+from .trainer.base import (
     ReasoningConfig,
     ReasoningTrainer,
     TRLCompatibilityError,
     warn_if_trl_unsupported,
 )
+from .trainer.guards import LaunchWarning, NonFiniteLossError, NonFiniteLossWarning
+from .trainer.rollout import DynamicSamplingWarning
 
 __version__ = "0.1.0"
+
+# Old module paths (0.1: one flat package) import as their new homes, so pickled configs keep loading.
+_legacy_paths.install()
 
 warn_if_trl_unsupported()
 

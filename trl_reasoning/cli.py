@@ -26,19 +26,19 @@ from typing import Any
 
 from trl import ScriptArguments
 
-from .pretrained import BUILTIN_MODELS, SMOLLM2_NAME, PretrainedModelError, resolve_model_path
-from .threads import torch_threads
+from .models.pretrained import BUILTIN_MODELS, SMOLLM2_NAME, PretrainedModelError, resolve_model_path
+from .utils.threads import torch_threads
 
 #: Subcommand -> (module, config class, trainer class).
 PRESETS: dict[str, tuple[str, str, str]] = {
-    "dapo": ("trl_reasoning.dapo", "DAPOConfig", "DAPOTrainer"),
-    "cispo": ("trl_reasoning.cispo", "CISPOConfig", "CISPOTrainer"),
-    "dppo": ("trl_reasoning.dppo", "DPPOConfig", "DPPOTrainer"),
-    "maxrl": ("trl_reasoning.maxrl", "MaxRLConfig", "MaxRLTrainer"),
-    "rloo": ("trl_reasoning.rloo", "RLOOConfig", "RLOOTrainer"),
-    "dr_grpo": ("trl_reasoning.dr_grpo", "DrGRPOConfig", "DrGRPOTrainer"),
-    "scalerl": ("trl_reasoning.scalerl", "ScaleRLConfig", "ScaleRLTrainer"),
-    "reasoning": ("trl_reasoning.trainer", "ReasoningConfig", "ReasoningTrainer"),
+    "dapo": ("trl_reasoning.presets.dapo", "DAPOConfig", "DAPOTrainer"),
+    "cispo": ("trl_reasoning.presets.cispo", "CISPOConfig", "CISPOTrainer"),
+    "dppo": ("trl_reasoning.presets.dppo", "DPPOConfig", "DPPOTrainer"),
+    "maxrl": ("trl_reasoning.presets.maxrl", "MaxRLConfig", "MaxRLTrainer"),
+    "rloo": ("trl_reasoning.presets.rloo", "RLOOConfig", "RLOOTrainer"),
+    "dr_grpo": ("trl_reasoning.presets.dr_grpo", "DrGRPOConfig", "DrGRPOTrainer"),
+    "scalerl": ("trl_reasoning.presets.scalerl", "ScaleRLConfig", "ScaleRLTrainer"),
+    "reasoning": ("trl_reasoning.trainer.base", "ReasoningConfig", "ReasoningTrainer"),
 }
 #: Embedded tasks: `--task NAME` sets the dataset, its formatting and the default reward.
 TASKS = ("reverse", "gsm8k", "arithmetic")
@@ -62,10 +62,10 @@ REWARD_FUNCS: dict[str, str | Callable[[], Callable]] = {
     "think_format_reward": "trl.rewards:think_format_reward",
     "get_soft_overlong_punishment": trl_soft_overlong_punishment,
     # this package's
-    "math_answer_reward": "trl_reasoning.rewards_math:math_answer_reward",
-    "exact_match_reward": "trl_reasoning.demo.task:exact_match_reward",
-    "digit_reward": "trl_reasoning.demo.task:digit_reward",
-    "last_number_reward": "trl_reasoning.demo.arithmetic:last_number_reward",
+    "math_answer_reward": "trl_reasoning.rewards.math_answers:math_answer_reward",
+    "exact_match_reward": "trl_reasoning.tasks.digit_reversal:exact_match_reward",
+    "digit_reward": "trl_reasoning.tasks.digit_reversal:digit_reward",
+    "last_number_reward": "trl_reasoning.tasks.arithmetic:last_number_reward",
 }
 _DEFAULT_REWARD = {"gsm8k": "math_answer_reward", "reverse": "exact_match_reward", "arithmetic": "last_number_reward"}
 _GSM8K = ("openai/gsm8k", "main")
@@ -156,7 +156,7 @@ class DataArguments(ScriptArguments):
         num_threads (`int`, *optional*):
             torch intra-op threads on the CPU: unset = auto (torch's default, one per core, less the cores other
             processes keep busy when the command starts, shared among the run's processes on this machine; see
-            `trl_reasoning.threads`), `0` = torch's default, `n` = exactly `n`.
+            `trl_reasoning.utils.threads`), `0` = torch's default, `n` = exactly `n`.
     """
 
     task: str | None = field(
@@ -212,7 +212,7 @@ class EvalArguments:
         num_samples (`int`, *optional*, defaults to `8`), ks (`list[int]`, *optional*, defaults to `[1, 8]`):
             `n` and the `k` values of pass@k.
         max_new_tokens, temperature, top_p, top_k, batch_size, max_prompts, success_threshold:
-            Sampling and evaluation settings (see `trl_reasoning.callbacks.evaluate_pass_at_k`).
+            Sampling and evaluation settings (see `trl_reasoning.evaluation.callbacks.evaluate_pass_at_k`).
         output_json (`str`, *optional*):
             Also write the metrics to this JSON file.
         seed (`int`, *optional*, defaults to `0`):
@@ -222,7 +222,7 @@ class EvalArguments:
         num_threads (`int`, *optional*):
             torch intra-op threads on the CPU: unset = auto (torch's default, one per core, less the cores other
             processes keep busy when the command starts, shared among the run's processes on this machine; see
-            `trl_reasoning.threads`), `0` = torch's default, `n` = exactly `n`.
+            `trl_reasoning.utils.threads`), `0` = torch's default, `n` = exactly `n`.
 
     With `--num_processes N` (or `--accelerate_config FILE`) the command runs under `accelerate launch`: each
     process evaluates its share of the prompts and the counts are gathered, so the metrics are those of one process.
@@ -271,14 +271,14 @@ def load_task_dataset(task: str | None, dataset_name: str | None, dataset_config
     from datasets import Dataset, DatasetDict, load_dataset
 
     if task == "reverse" and dataset_name is None:
-        from .demo.task import ReversalTask
+        from .tasks.digit_reversal import ReversalTask
 
         reversal = ReversalTask()
         return DatasetDict(
             {split: Dataset.from_list(reversal.rl_rows(split)) for split in ("train", "test")},
         )
     if task == "arithmetic" and dataset_name is None:
-        from .demo.arithmetic import ArithmeticTask
+        from .tasks.arithmetic import ArithmeticTask
 
         arithmetic = ArithmeticTask()
         return DatasetDict(
@@ -294,7 +294,7 @@ def load_task_dataset(task: str | None, dataset_name: str | None, dataset_config
     else:
         dataset = load_dataset(dataset_name, name=dataset_config, streaming=streaming)
     if task == "gsm8k":
-        from .rewards_math import format_gsm8k
+        from .rewards.math_answers import format_gsm8k
 
         dataset = dataset.map(format_gsm8k)
     return dataset
@@ -329,7 +329,7 @@ def _reward_funcs(names: list[str] | None, task: str | None) -> list[Callable]:
 
 def _processing_class(model_name_or_path: str):
     """The tokenizer to pass explicitly, or `None` to let TRL load it (see `loading.load_tokenizer`)."""
-    from .loading import has_generic_tokenizer, load_tokenizer
+    from .models.loading import has_generic_tokenizer, load_tokenizer
 
     return load_tokenizer(model_name_or_path) if has_generic_tokenizer(model_name_or_path) else None
 
@@ -426,7 +426,7 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
     the Hub if asked."""
     from trl import get_dataset, get_peft_config, get_quantization_config
 
-    from .callbacks import PassAtKCallback
+    from .evaluation.callbacks import PassAtKCallback
 
     model_name_or_path = model_args.model_name_or_path
     if model_name_or_path is not None:
@@ -434,8 +434,8 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
     if model_name_or_path is None:
         if data_args.task != "reverse":
             raise ValueError("No model: set --model_name_or_path (or model_name_or_path: in the YAML recipe).")
-        from .demo.task import ReversalTask
         from .demo.warm_start import warm_start
+        from .tasks.digit_reversal import ReversalTask
 
         model_name_or_path = str(warm_start(ReversalTask())[0])
     if mixture is not None and mixture.datasets:  # TRL's `datasets:` mixture wins over dataset_name, as in `trl grpo`
@@ -506,8 +506,8 @@ def evaluate(eval_args: EvalArguments) -> dict[str, float]:
     from accelerate.utils import set_seed
     from transformers import AutoModelForCausalLM
 
-    from .callbacks import evaluate_pass_at_k
-    from .loading import load_tokenizer
+    from .evaluation.callbacks import evaluate_pass_at_k
+    from .models.loading import load_tokenizer
 
     if eval_args.model_name_or_path is None:
         raise ValueError("trl-reasoning eval needs --model_name_or_path.")

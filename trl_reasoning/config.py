@@ -3,7 +3,7 @@
 Floor 1 (imports TRL's config, never a trainer). A config resolves TRL's own loss settings (``loss_type``,
 ``scale_rewards``) into this package's registries, validates every field at construction with a message that names
 it, and records which values it derived (for the model card). ``preset_default`` re-declares a field with a preset's
-default; ``trl_reasoning.trainer`` re-exports both.
+default; ``trl_reasoning.trainer.base`` re-exports both.
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from typing import Any
 from transformers import TrainingArguments
 from trl import GRPOConfig
 
-from ._warnings import user_stacklevel
-from .advantages import ADVANTAGE_ESTIMATORS, GROUP_RELATIVE_ESTIMATORS
-from .aggregation import AGGREGATIONS
-from .importance_sampling import check_mode as check_importance_sampling_mode
-from .losses import DPPO_DEFAULT_THRESHOLDS, IMPORTANCE_SAMPLING_LEVELS, POLICY_LOSSES, required_inputs
-from .model_card import record_derived_values
-from .rewards import REWARD_ERROR_POLICIES
-from .sampling import EXTRA_ROUND_SIZES, resolve_group_selection
-from .shaping import MULTI_OBJECTIVE_AGGREGATIONS
-from .truncation import sampling_truncation
-from .typed_fields import coerce_field_types
+from .algorithms.advantages import ADVANTAGE_ESTIMATORS, GROUP_RELATIVE_ESTIMATORS
+from .algorithms.aggregation import AGGREGATIONS
+from .algorithms.group_selection import EXTRA_ROUND_SIZES, resolve_group_selection
+from .algorithms.importance_sampling import check_mode as check_importance_sampling_mode
+from .algorithms.losses import DPPO_DEFAULT_THRESHOLDS, IMPORTANCE_SAMPLING_LEVELS, POLICY_LOSSES, required_inputs
+from .algorithms.shaping import MULTI_OBJECTIVE_AGGREGATIONS
+from .algorithms.truncation import sampling_truncation
+from .models.model_card import record_derived_values
+from .rewards.wrapping import REWARD_ERROR_POLICIES
+from .utils.typed_fields import coerce_field_types
+from .utils.user_warnings import user_stacklevel
 
 # TRL's `loss_type` = (objective, aggregation). `importance_sampling_level="sequence"` takes the sequence ratio (GSPO's)
 # in any objective that declares `sequence_level` (clip, cispo, sapo); TRL's "grpo" with it is spelled "gspo" here.
@@ -78,17 +78,17 @@ class ReasoningConfig(GRPOConfig):
 
         advantage_estimator (`str` or `None`, *optional*, defaults to `None`):
             One of `"grpo"`, `"dr_grpo"`, `"rloo"`, `"maxrl"`, `"batch"`, `"scalerl"`, `"batch_zscore"` (see
-            `trl_reasoning.advantages`). `None` derives it from TRL's `scale_rewards` (`"group"` → `"grpo"`,
+            `trl_reasoning.algorithms.advantages`). `None` derives it from TRL's `scale_rewards` (`"group"` → `"grpo"`,
             `"batch"` → `"batch"`, `"none"` → `"dr_grpo"`), or, with `multi_objective_aggregation=
             "normalize_then_sum"`, takes TRL's batch standardisation (`"batch_zscore"`; TRL ignores `scale_rewards`
             there); when both are set they must agree.
         policy_loss (`str` or `None`, *optional*, defaults to `None`):
             One of `"clip"`, `"cispo"`, `"dppo"`, `"sequence_clip"`, `"gspo"`, `"sapo"`, `"vespo"` (see
-            `trl_reasoning.losses`). `importance_sampling_level="sequence"` (TRL's field) gives `"clip"`, `"cispo"`
+            `trl_reasoning.algorithms.losses`). `importance_sampling_level="sequence"` (TRL's field) gives `"clip"`, `"cispo"`
             and `"sapo"` one ratio per sequence, as in TRL; `"gspo"` is `"clip"` with it.
         loss_aggregation (`str` or `None`, *optional*, defaults to `None`):
             One of `"token_mean"`, `"seq_mean_token_mean"`, `"seq_mean_token_sum_norm"`, `"seq_mean_token_sum"`,
-            `"prompt_mean"`, `"micro_batch_token_mean"` (see `trl_reasoning.aggregation`). With `policy_loss`,
+            `"prompt_mean"`, `"micro_batch_token_mean"` (see `trl_reasoning.algorithms.aggregation`). With `policy_loss`,
             `None` derives both from TRL's `loss_type` (`"dapo"` when that is unset too); when both are set they must
             agree.
         loss_type (`str` or `None`, *optional*, defaults to `None`):
@@ -136,7 +136,7 @@ class ReasoningConfig(GRPOConfig):
             ScaleRL's zero-variance filtering: groups whose task rewards are all equal get loss weight 0 and the
             loss normalizers count only the other groups. Nothing is regenerated.
         group_selection (`str` or `None`, *optional*, defaults to `None`):
-            The group-selection strategy by its name in `trl_reasoning.sampling.GROUP_SELECTIONS` (`"all"`,
+            The group-selection strategy by its name in `trl_reasoning.algorithms.group_selection.GROUP_SELECTIONS` (`"all"`,
             `"zero_variance"`, `"dynamic"`, or one you registered). `None` follows the two switches above
             (`dynamic_sampling` → `"dynamic"`, `zero_variance_filtering` → `"zero_variance"`, else `"all"`); a name
             that contradicts a switch that is on is an error.
@@ -205,7 +205,7 @@ class ReasoningConfig(GRPOConfig):
             `False`: TRL's forward at scoring, as `GRPOTrainer` does. `vllm_importance_sampling_mode` also takes
             `"sequence_geo_truncate"` and `"sequence_geo_mask"` (the geometric mean of the token ratios: Geo-RS) and
             `"token_icepop"` (IcePop's band mask; set the band with `vllm_importance_sampling_clip_min/max`, IcePop:
-            0.5 and 5); see `trl_reasoning.importance_sampling`. Logged: `sampling/effective_sample_size`.
+            0.5 and 5); see `trl_reasoning.algorithms.importance_sampling`. Logged: `sampling/effective_sample_size`.
         truncated_support_scoring (`bool` or `None`, *optional*, defaults to `None`):
             With truncated sampling (`top_k > 0`, `top_p < 1` or `min_p`, also through `generation_kwargs`) the
             sampler's log-probs are those of the truncated, renormalised distribution, while TRL scores the policy on

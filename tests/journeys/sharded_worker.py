@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
 import trl_reasoning as tr  # noqa: E402
-from trl_reasoning.demo.tiny import cpu_config_kwargs  # noqa: E402
+from trl_reasoning.models.tiny import cpu_config_kwargs  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 from _sharding import reset_strategy_state, strategy_kwargs  # noqa: E402

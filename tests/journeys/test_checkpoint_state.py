@@ -24,7 +24,7 @@ from transformers.trainer_callback import TrainerState
 
 import trl_reasoning as tr
 from journeys._helpers import checkpoint_steps, journey_args, step_losses
-from trl_reasoning.checkpoints import (
+from trl_reasoning.trainer.checkpoints import (
     SAMPLING_STATE_FILE,
     SamplingStateError,
     checkpoint_problem,

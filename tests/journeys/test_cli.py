@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from journeys._helpers import checkpoint_global_step, checkpoint_steps
-from trl_reasoning.demo.tiny import save_tiny_model
+from trl_reasoning.models.tiny import save_tiny_model
 
 MAX_STEPS = 5
 REWARD_MODULE = '''

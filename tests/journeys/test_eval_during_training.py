@@ -19,7 +19,7 @@ from journeys._helpers import (
     journey_args,
     step_losses,
 )
-from trl_reasoning.callbacks import PassAtKCallback
+from trl_reasoning.evaluation.callbacks import PassAtKCallback
 
 EVAL_STEPS = 2
 NUM_SAMPLES = 4

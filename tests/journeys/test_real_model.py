@@ -22,8 +22,8 @@ from peft import LoraConfig
 
 import trl_reasoning as tr
 from journeys._helpers import checkpoint_steps, step_losses
-from trl_reasoning import pretrained
-from trl_reasoning.pretrained import MARKER_FILE, SMOLLM2, PretrainedModelError, materialize, smollm2_path
+from trl_reasoning.models import pretrained
+from trl_reasoning.models.pretrained import MARKER_FILE, SMOLLM2, PretrainedModelError, materialize, smollm2_path
 
 pytestmark = [pytest.mark.journey, pytest.mark.filterwarnings("ignore::trl_reasoning.DynamicSamplingWarning")]
 
@@ -82,7 +82,7 @@ def test_two_processes_convert_the_model_once_into_a_standard_folder(tmp_path):
 
 def test_the_cli_prints_the_path_and_accepts_the_name(real_model_cache, capsys):
     from trl_reasoning.cli import run
-    from trl_reasoning.pretrained import resolve_model_path
+    from trl_reasoning.models.pretrained import resolve_model_path
 
     path = run(["model", "--cache_dir", str(real_model_cache)])
     assert capsys.readouterr().out.strip() == str(path)

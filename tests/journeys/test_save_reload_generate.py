@@ -11,7 +11,7 @@ from conftest import make_prompts
 from transformers import AutoModelForCausalLM
 
 from journeys._helpers import MAX_STEPS, PRESETS, checkpoint_steps, journey_args, lora_config
-from trl_reasoning.loading import load_tokenizer
+from trl_reasoning.models.loading import load_tokenizer
 
 PROMPT = [{"role": "user", "content": "3+4="}]
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import run_torchrun
 
-from trl_reasoning.guards import LaunchWarning, warn_if_fsdp_not_applied
+from trl_reasoning.trainer.guards import LaunchWarning, warn_if_fsdp_not_applied
 
 WORKER = Path(__file__).with_name("sharded_worker.py")
 STRATEGIES = ("ddp", "zero2", "zero3", "fsdp2")

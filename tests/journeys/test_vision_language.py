@@ -1,7 +1,7 @@
 """Journey: a user training a vision-language model (Qwen2-VL) with GRPO swaps in every trainer of this package.
 
 None of TRL's VLM tests can be rebuilt offline (their fixtures live on the hub), so this builds a tiny Qwen2-VL from
-configs (``trl_reasoning.demo.tiny_vlm``) and runs the same script with ``GRPOTrainer`` and with every trainer here:
+configs (``trl_reasoning.models.tiny_vlm``) and runs the same script with ``GRPOTrainer`` and with every trainer here:
 image prompts of two sizes (4 and 16 patches), conversational, the images in an ``image`` column as TRL documents.
 DAPO's dynamic sampling regroups rows of several generation rounds, images included; DPPO's top-K forward passes the
 images to the model; LoRA trains the language model's adapters.
@@ -18,8 +18,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 import trl_reasoning as tr
 from journeys._helpers import lora_config, step_losses
-from trl_reasoning.demo.tiny_vlm import save_tiny_vlm
-from trl_reasoning.topk_forward import model_inputs
+from trl_reasoning.models.tiny_vlm import save_tiny_vlm
+from trl_reasoning.trainer.topk_forward import model_inputs
 
 pytestmark = [pytest.mark.journey, pytest.mark.filterwarnings("ignore::trl_reasoning.DynamicSamplingWarning")]
 

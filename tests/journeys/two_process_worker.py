@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
 import trl_reasoning as tr  # noqa: E402
-from trl_reasoning.demo.tiny import cpu_config_kwargs  # noqa: E402
+from trl_reasoning.models.tiny import cpu_config_kwargs  # noqa: E402
 
 PRESETS = {
     "DAPO": (tr.DAPOTrainer, tr.DAPOConfig, {"dynamic_sampling": True}),

@@ -138,7 +138,7 @@ def test_dapo_overlong_cache_defaults_to_20_percent_of_max_length():
 
 
 def test_dppo_kl_takes_its_own_default_threshold():
-    from trl_reasoning.losses import DPPO_DEFAULT_THRESHOLDS
+    from trl_reasoning.algorithms.losses import DPPO_DEFAULT_THRESHOLDS
 
     assert DPPO_DEFAULT_THRESHOLDS["binary_tv"] == 0.15
     assert DPPO_DEFAULT_THRESHOLDS["binary_kl"] == 0.05
@@ -225,7 +225,7 @@ def test_delta_with_a_loss_type_trl_runs_without_it_is_accepted_and_ignored_as_i
     with pytest.warns(UserWarning, match=rf"delta=2.0 .* is ignored by policy_loss='{loss_type}'"):
         config = make(tr.ReasoningConfig, loss_type=loss_type, delta=2.0)
     assert config.policy_loss == loss_type and config.delta == 2.0
-    from trl_reasoning.losses import POLICY_LOSSES
+    from trl_reasoning.algorithms.losses import POLICY_LOSSES
 
     assert "delta" not in POLICY_LOSSES.kwargs_for(loss_type, {"delta": 2.0})
 

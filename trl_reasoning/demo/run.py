@@ -3,7 +3,7 @@
 ``trl-reasoning demo`` and ``python -m trl_reasoning.demo`` both land in [`run_demo`]. Two models:
 
 - ``--model smollm2-135m-instruct`` (the default): the real pretrained SmolLM2-135M-Instruct (converted once from the
-  registry wheel, ``trl_reasoning.pretrained``) with LoRA on one-step arithmetic (``demo.arithmetic``);
+  registry wheel, ``trl_reasoning.models.pretrained``) with LoRA on one-step arithmetic (``demo.arithmetic``);
 - ``--model tiny`` (``--fast`` and the fast tests): a tiny Qwen2 warm-started with SFT on digit reversal taught by a
   sloppy teacher (``demo.task``).
 
@@ -21,8 +21,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from .arithmetic import ArithmeticTask, last_number_reward
-from .task import ReversalTask, exact_match_reward
+from ..tasks.arithmetic import ArithmeticTask, last_number_reward
+from ..tasks.digit_reversal import ReversalTask, exact_match_reward
 from .warm_start import WarmStartSettings, warm_start
 
 #: The model the main job trains unless told otherwise, and the name of the tiny one.
@@ -65,7 +65,7 @@ class DemoArguments:
             evaluation of the real model costs about as much as two training steps).
         num_threads (`int`, *optional*):
             torch intra-op threads while the demo runs (restored afterwards). `None` (auto): torch's default (one per
-            core) less the cores other processes keep busy when the demo starts (`trl_reasoning.threads`); `0`:
+            core) less the cores other processes keep busy when the demo starts (`trl_reasoning.utils.threads`); `0`:
             torch's default; `n`: exactly `n`. On a busy machine spinning OpenMP threads slow a run several times
             (the tiny warm start 12 s with one thread, 567 s with two on a loaded 2-core machine); on a quiet one a
             second thread makes a SmolLM2 LoRA step 1.2x faster.
@@ -171,7 +171,7 @@ FAST_DEMO_DEFAULTS: dict[str, Any] = {
 
 def demo_training_defaults(num_digits: int = 4, fast: bool = False, model: str = TINY_MODEL) -> dict[str, Any]:
     """Config values that the demo uses unless the command line or YAML sets them: CPU, fp32, a short run."""
-    from .tiny import cpu_config_kwargs
+    from ..models.tiny import cpu_config_kwargs
 
     if model != TINY_MODEL:
         return cpu_config_kwargs(output_dir="outputs/trl-reasoning-demo", **REAL_MODEL_TRAINING)
@@ -285,7 +285,7 @@ def run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[st
         `dict`: `before` and `after` metrics, `seconds` (wall time of each phase and in total), `output_dir`,
         `plot` (the PNG path or `None`), `warm_start_cached`.
     """
-    from ..threads import torch_threads
+    from ..utils.threads import torch_threads
 
     with torch_threads(demo.num_threads) as threads:
         print(
@@ -313,7 +313,7 @@ def _tiny_setup(demo: DemoArguments) -> _Setup:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
 
-    from ..loading import load_tokenizer
+    from ..models.loading import load_tokenizer
 
     task = demo.task()
     model_dir, cached = warm_start(task, demo.warm_start_settings(), demo.cache_dir, use_cache=not demo.no_cache)
@@ -333,8 +333,8 @@ def _real_setup(demo: DemoArguments) -> _Setup:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
 
-    from ..loading import load_tokenizer
-    from ..pretrained import smollm2_path
+    from ..models.loading import load_tokenizer
+    from ..models.pretrained import smollm2_path
 
     path = smollm2_path(demo.cache_dir)
     task = demo.arithmetic_task()
@@ -365,7 +365,7 @@ def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[s
     import datasets
     import transformers
 
-    from ..callbacks import PassAtKCallback, evaluate_pass_at_k
+    from ..evaluation.callbacks import PassAtKCallback, evaluate_pass_at_k
 
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()

@@ -15,8 +15,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .task import ReversalTask
-from .testbed import ChainSumTask
+from ..tasks.chain_sums import ChainSumTask
+from ..tasks.digit_reversal import ReversalTask
 
 #: Bumped when the warm start's recipe changes in a way the settings below do not capture.
 WARM_START_FORMAT = 1
@@ -104,7 +104,7 @@ def warm_start(
     from transformers import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    from .tiny import build_model, build_tokenizer, cpu_config_kwargs
+    from ..models.tiny import build_model, build_tokenizer, cpu_config_kwargs
 
     tokenizer = build_tokenizer()
     model = build_model(

@@ -1,0 +1,143 @@
+"""The model card of a saved run: algorithm, non-default settings, the paper's BibTeX and the tags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from datasets import Dataset
+
+from trl_reasoning import DAPOConfig, DAPOTrainer, MaxRLConfig
+from trl_reasoning.models.loading import load_tokenizer
+from trl_reasoning.models.model_card import (
+    ReasoningModelCardMixin,
+    non_default_settings,
+    reasoning_card_section,
+)
+from trl_reasoning.models.tiny import cpu_config_kwargs
+from trl_reasoning.tasks.digit_reversal import digit_reward
+
+
+def _front_matter(text: str) -> dict:
+    assert text.startswith("---\n")
+    return yaml.safe_load(text.split("---\n", 2)[1])
+
+
+def test_non_default_settings_compares_with_the_presets_field_defaults(tmp_path):
+    args = DAPOConfig(**cpu_config_kwargs(output_dir=str(tmp_path)), epsilon_high=0.3, learning_rate=1e-4)
+    changed = non_default_settings(args)
+    assert changed["epsilon_high"] == (0.3, 0.28)  # DAPO's default is the preset's, not ReasoningConfig's None
+    assert changed["learning_rate"] == (1e-4, DAPOConfig.__dataclass_fields__["learning_rate"].default)
+    for name in ("policy_loss", "advantage_estimator", "loss_aggregation", "epsilon", "output_dir", "loss_type"):
+        assert name not in changed
+    # the same values are defaults for MaxRL's preset only where MaxRL's defaults say so
+    maxrl = non_default_settings(
+        MaxRLConfig(**cpu_config_kwargs(output_dir=str(tmp_path)), policy_loss="cispo", epsilon_high=5.0)
+    )
+    assert maxrl["policy_loss"] == ("cispo", "clip")
+    with pytest.raises(TypeError, match="dataclass"):
+        non_default_settings(object())
+
+
+def test_every_trainer_writes_the_reasoning_card():
+    from trl_reasoning.trainer.base import ReasoningTrainer
+
+    assert issubclass(ReasoningTrainer, ReasoningModelCardMixin)
+
+
+def test_model_card_of_a_saved_folder(tiny_model_path, tmp_path):
+    out = tmp_path / "dapo-run"
+    args = DAPOConfig(
+        **cpu_config_kwargs(output_dir=str(out)),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=1,
+        learning_rate=5e-4,
+        epsilon_high=0.3,
+        dynamic_sampling=False,
+    )
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+1="}]} for i in range(8)])
+    trainer = DAPOTrainer(
+        model=tiny_model_path,
+        reward_funcs=digit_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=load_tokenizer(tiny_model_path),
+    )
+    trainer.train()
+    trainer.save_model(str(out))
+    trainer.create_model_card(model_name="dapo-run", dataset_name="toy/digits", tags=["my-tag"])
+
+    text = (Path(out) / "README.md").read_text()
+    meta = _front_matter(text)
+    assert {"trl", "trl-reasoning", "dapo", "my-tag"} <= set(meta["tags"])
+    assert meta["datasets"] == ["toy/digits"] or meta["datasets"] == "toy/digits"
+    # the algorithm and its paper
+    assert "## trl-reasoning" in text and "Trained with **DAPO**" in text
+    assert "https://arxiv.org/abs/2503.14476" in text
+    assert "advantage_estimator `grpo` · policy_loss `clip` · loss_aggregation `token_mean`" in text
+    # the paper's BibTeX, as TRL prints the trainer's citation
+    assert "@article{yu2025dapo," in text and "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" in text
+    # the settings that differ from DAPOConfig's defaults, and not the ones that do not
+    assert "| `epsilon_high` | `0.3` | `0.28` |" in text
+    assert "| `learning_rate` | `0.0005` |" in text
+    assert "| `dynamic_sampling` | `False` | `True` |" in text
+    assert "`epsilon` |" not in text and "`output_dir`" not in text
+    # TRL's card is kept around our section
+    assert text.index("## trl-reasoning") < text.index("### Framework versions")
+    assert "Cite TRL as:" in text and (Path(out) / "config.json").exists()
+
+
+def test_card_section_without_paper_or_changes(tmp_path):
+    class Bare:
+        _name = "custom"
+        args = DAPOConfig(**cpu_config_kwargs(output_dir=str(tmp_path)))
+
+    section = reasoning_card_section(Bare())
+    assert "Trained with **custom**" in section and "arxiv" not in section
+    # only the CPU settings differ from the defaults
+    assert "| `use_cpu` | `True` |" in section
+
+
+def test_push_to_hub_uploads_the_reasoning_card(tiny_model_path, tmp_path, monkeypatch):
+    """`push_to_hub` works as in TRL (transformers' Trainer.push_to_hub), with the hub calls faked offline."""
+    import transformers.trainer
+
+    uploaded = {}
+
+    class FakeApi:
+        def create_repo(self, repo_name, **kwargs):
+            uploaded["repo"] = repo_name
+            return type("RepoUrl", (), {"repo_id": f"me/{Path(repo_name).name}"})()
+
+        def upload_folder(self, repo_id, folder_path, **kwargs):
+            uploaded.update(repo_id=repo_id, files=sorted(p.name for p in Path(folder_path).iterdir()))
+            uploaded["card"] = (Path(folder_path) / "README.md").read_text()
+
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: FakeApi())
+    out = tmp_path / "pushed"
+    args = MaxRLConfig(
+        **cpu_config_kwargs(output_dir=str(out)),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=1,
+        hub_model_id="pushed",
+    )
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+1="}]} for i in range(8)])
+    from trl_reasoning import MaxRLTrainer
+    from trl_reasoning.tasks.digit_reversal import all_digits
+
+    trainer = MaxRLTrainer(
+        model=tiny_model_path,
+        reward_funcs=all_digits,
+        args=args,
+        train_dataset=dataset,
+        processing_class=load_tokenizer(tiny_model_path),
+    )
+    trainer.push_to_hub(dataset_name="toy/digits")
+    assert uploaded["repo_id"] == "me/pushed" and "model.safetensors" in uploaded["files"]
+    assert {"trl", "trl-reasoning", "maxrl"} <= set(_front_matter(uploaded["card"])["tags"])
+    assert "Trained with **MaxRL**" in uploaded["card"] and "@article{tajwar2026maximum," in uploaded["card"]

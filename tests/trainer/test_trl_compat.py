@@ -1,0 +1,226 @@
+"""trl-reasoning overrides TRL private methods: a TRL upgrade that moves them must fail loudly, by name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import tomllib
+import trl
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+from trl import GRPOTrainer
+
+from trl_reasoning.trainer import base as seam
+
+
+def test_installed_trl_has_every_private_method_we_rely_on():
+    seam.check_trl_private_api(GRPOTrainer)
+
+
+def test_every_override_is_listed():
+    """Each private GRPOTrainer method that ReasoningTrainer redefines is in TRL_PRIVATE_API (and nothing else)."""
+    overridden = {
+        name
+        for name, value in vars(seam.ReasoningTrainer).items()
+        if callable(value) and name.startswith("_") and not name.startswith("__") and hasattr(GRPOTrainer, name)
+    }
+    assert overridden == {
+        "_calculate_rewards",
+        "_generate_and_score_completions",
+        "_compute_loss",
+        "_get_train_sampler",
+        "_save_checkpoint",
+        "_load_optimizer_and_scheduler",
+        "_generate",
+        "_get_per_token_logps_and_entropies",
+    }
+    assert overridden <= set(seam.TRL_PRIVATE_API)
+
+
+@pytest.mark.parametrize("name", list(seam.TRL_PRIVATE_API))
+def test_a_removed_method_is_named(name):
+    Missing = type("Missing", (), {k: getattr(GRPOTrainer, k) for k in seam.TRL_PRIVATE_API if k != name})
+    with pytest.raises(seam.TRLCompatibilityError, match=rf"Missing\.{name} no longer exists"):
+        seam.check_trl_private_api(Missing)
+
+
+def test_a_changed_signature_is_named():
+    class Changed(GRPOTrainer):
+        def _compute_loss(self, model, batch, extra=None):  # `inputs` renamed
+            return None
+
+    with pytest.raises(seam.TRLCompatibilityError, match=r"Changed\._compute_loss takes \(model, batch, extra\)"):
+        seam.check_trl_private_api(Changed)
+
+
+def test_supported_range_matches_pyproject_and_installed_trl():
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    pin = next(d for d in pyproject["project"]["dependencies"] if re.match(r"trl\b", d))
+    spec = SpecifierSet(pin[len("trl") :])
+    low, high = seam.SUPPORTED_TRL
+    assert spec == SpecifierSet(f">={low},<{high}")
+    assert Version(trl.__version__) in spec
+    assert Version(seam.TRL_CHECKED_VERSION) in spec
+
+
+def test_unsupported_trl_version_warns(monkeypatch):
+    monkeypatch.setattr(trl, "__version__", "2.0.0")
+    with pytest.warns(UserWarning, match=r"trl-reasoning supports trl>=1\.16\.0,<1\.17\.0, but trl 2\.0\.0"):
+        seam.warn_if_trl_unsupported()
+
+
+def test_a_changed_trl_helper_function_is_named(monkeypatch):
+    import trl.trainer.utils as trl_utils
+
+    def add_fused_lm_head(model, temperature=1.0, outputs=("log_probs",)):  # cast_lm_head_to_fp32 dropped
+        return None
+
+    monkeypatch.setattr(trl_utils, "add_fused_lm_head", add_fused_lm_head)
+    with pytest.raises(seam.TRLCompatibilityError, match=r"trl\.trainer\.utils\.add_fused_lm_head takes"):
+        seam.check_trl_private_api(GRPOTrainer)
+
+
+def test_a_removed_transformers_generation_method_is_named(monkeypatch):
+    """The sampler's log-probs come from a processor added to the list ``_get_logits_processor`` builds: a
+    transformers release without it must fail loudly when a trainer is built, not fall back in silence."""
+    from transformers.generation.utils import GenerationMixin
+
+    monkeypatch.delattr(GenerationMixin, "_get_logits_processor")
+    with pytest.raises(seam.TRLCompatibilityError, match=r"GenerationMixin\._get_logits_processor no longer exists"):
+        seam.check_trl_private_api(GRPOTrainer)
+
+
+def test_the_fused_head_outputs_are_trls():
+    """The PEFT FP32-head path rebuilds TRL's fused LM head with TRL's own arguments: read them from TRL's source."""
+    import inspect
+
+    source = inspect.getsource(GRPOTrainer.__init__)
+    assert f"outputs={seam.TRL_FUSED_LM_HEAD_OUTPUTS!r}" in source.replace('"', "'"), (
+        "GRPOTrainer.__init__ no longer asks its fused LM head for "
+        f"{seam.TRL_FUSED_LM_HEAD_OUTPUTS}: update TRL_FUSED_LM_HEAD_OUTPUTS"
+    )
+
+
+# ---------------------------------------------------------------- TRL's own tests, run against every preset
+# TRL 1.16's tests/test_grpo_trainer.py, reproduced here the way TRL's tests do them (its files are not installed).
+
+
+def _trainer_without_init(trainer_class):
+    """A trainer built as TRL's rollout-dispatch tests build one: ``object.__new__``, then only the state TRL's
+    ``_generate`` reads before it calls ``rollout_func``."""
+    from types import SimpleNamespace
+    from unittest.mock import MagicMock
+
+    import torch
+
+    trainer = object.__new__(trainer_class)
+    trainer.accelerator = SimpleNamespace(device=torch.device("cpu"), is_main_process=True)
+    trainer.args = SimpleNamespace(report_to=[])
+    trainer.model = SimpleNamespace(training=True)
+    trainer.state = SimpleNamespace(global_step=2)
+    trainer._last_loaded_step = 1
+    trainer.use_vllm = False
+    trainer.use_transformers_paged = False
+    trainer.vllm_generation = SimpleNamespace(sync_weights=MagicMock())
+    return trainer
+
+
+_PRESET_TRAINERS = ["ReasoningTrainer", "DAPOTrainer", "CISPOTrainer", "DPPOTrainer", "MaxRLTrainer", "RLOOTrainer"]
+_PRESET_TRAINERS += ["DrGRPOTrainer", "ScaleRLTrainer"]
+
+
+@pytest.mark.parametrize("trainer_name", _PRESET_TRAINERS)
+def test_generate_rollout_func_raises_when_required_keys_are_missing(trainer_name):
+    """TRL's test of the same name (was: ``AttributeError: ... has no attribute 'async_rollouts'`` from the
+    ``_generate`` override on a trainer built without ``__init__``)."""
+    from unittest.mock import MagicMock
+
+    import trl_reasoning as tr
+
+    trainer = _trainer_without_init(getattr(tr, trainer_name))
+    trainer.rollout_func = MagicMock(return_value={"prompt_ids": [[1]], "completion_ids": [[2]]})
+    with pytest.raises(ValueError, match="rollout_func must return keys"):
+        trainer._generate(["prompt"])
+    trainer.rollout_func.assert_called_once_with(["prompt"], trainer)
+
+    # with vLLM, TRL syncs the weights before calling rollout_func: the override leaves that to TRL too
+    trainer.use_vllm = True
+    with pytest.raises(ValueError, match="rollout_func must return keys"):
+        trainer._generate(["prompt"])
+    trainer.vllm_generation.sync_weights.assert_called_once()
+    assert trainer._last_loaded_step == trainer.state.global_step
+
+
+def test_the_sampler_override_is_trls_on_a_trainer_built_without_init():
+    """The audit of the other overrides: on a trainer built without ``__init__`` (no trl-reasoning state), the sampler
+    override gives TRL's own ``RepeatSampler`` instead of failing on ``self.rollout``."""
+    from types import SimpleNamespace
+
+    import trl_reasoning as tr
+
+    trainer = _trainer_without_init(tr.DAPOTrainer)
+    assert "rollout" not in vars(trainer) and "async_rollouts" not in vars(trainer)
+    trainer.args = SimpleNamespace(should_save=True, generation_batch_size=4, steps_per_generation=1, seed=0)
+    trainer.num_generations, trainer.num_iterations, trainer.shuffle_dataset = 2, 1, True
+    sampler = trainer._get_train_sampler(list(range(6)))
+    assert type(sampler).__name__ == "RepeatSampler"  # TRL's own
+
+
+@pytest.mark.parametrize("filter_overlong_prompts", [True, False], ids=["filtering", "not_filtering"])
+def test_init_with_eval_dataset_iterable_dataset(filter_overlong_prompts, tiny_model_path, tmp_path):
+    """TRL's ``test_init_with_eval_dataset[iterable_dataset]``: a streaming eval set stays the user's object (was:
+    replaced by a filtered copy, even with ``filter_overlong_prompts=False``)."""
+    from conftest import cpu_args, digit_fraction, make_prompts
+    from datasets import IterableDataset
+
+    import trl_reasoning as tr
+
+    rows = [{"prompt": f"{i}+{i}="} for i in range(8)]
+    eval_dataset = IterableDataset.from_generator(lambda: iter(rows))
+    for trainer_class in (tr.ReasoningTrainer, tr.DAPOTrainer):
+        args = trainer_class.config_class(
+            **cpu_args(output_dir=str(tmp_path), filter_overlong_prompts=filter_overlong_prompts)
+        )
+        trainer = trainer_class(
+            model=tiny_model_path,
+            reward_funcs=digit_fraction,
+            args=args,
+            train_dataset=make_prompts(),
+            eval_dataset=eval_dataset,
+        )
+        assert trainer.eval_dataset is eval_dataset
+
+
+@pytest.mark.parametrize("as_dict", [False, True], ids=["stream", "dict_of_streams"])
+def test_an_overlong_prompt_of_a_streamed_eval_dataset_is_still_skipped_by_name(as_dict, tiny_model_path, tmp_path):
+    """Kept as the user's object, a streamed eval set is still read through the context check: the overlong prompt
+    (505 tokens: it fits the context of 512 alone, not with max_completion_length=12) is skipped with a warning that
+    names its row, once however many evaluations read the stream."""
+    import warnings
+
+    from conftest import cpu_args, digit_fraction, make_prompts
+    from datasets import IterableDataset
+
+    import trl_reasoning as tr
+
+    rows = [{"prompt": f"{i}+{i}="} for i in range(7)]
+    rows.insert(3, {"prompt": "7" * 505})
+    stream = IterableDataset.from_generator(lambda: iter(rows))
+    args = tr.ReasoningConfig(**cpu_args(output_dir=str(tmp_path), per_device_eval_batch_size=4))
+    trainer = tr.ReasoningTrainer(
+        model=tiny_model_path,
+        reward_funcs=digit_fraction,
+        args=args,
+        train_dataset=make_prompts(),
+        eval_dataset={"arith": stream} if as_dict else stream,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            trainer.evaluate("arith" if as_dict else None)
+    skipped = [str(w.message) for w in caught if "(505 tokens" in str(w.message)]
+    split = "eval_dataset['arith']" if as_dict else "eval_dataset"
+    assert len(skipped) == 1, skipped
+    assert f"row 3 of the streamed {split} (505 tokens" in skipped[0] and "skipped" in skipped[0]

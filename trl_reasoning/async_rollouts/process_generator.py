@@ -1,0 +1,398 @@
+"""A generator in its own process, for asynchronous rollouts (``async_generator="process"``).
+
+The trainer submits a :class:`GenerationJob` for a future batch as soon as it knows the batch's prompts and its
+behaviour weights (the snapshot of ``max_staleness`` generation steps earlier); the worker samples it with HF
+``generate`` while the trainer trains the steps in between, and returns the completions and the sampled tokens'
+log-probabilities under those weights. Every job carries its own seed, so what comes back depends only on
+``(weights, prompts, seed)``: the same batch as the in-process generator (``"inline"``) samples with the same seed,
+whatever the timing — which makes the pipeline reproducible, resumable (an in-flight job is resubmitted), and
+testable against the in-process emulation.
+
+The worker holds its own copy of the model (rebuilt from the config and the weights, with the PEFT adapters of a
+LoRA run); a job ships only the trainable weights, in shared memory. It knows nothing of trainers or TRL: the
+generation is written here as TRL 1.16's ``GRPOTrainer._generate_single_turn`` does it with ``generate`` (prompts
+left-padded, every token after the first EOS dropped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import ctypes
+import dataclasses
+import math
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from .sampler_logps import completion_logps, sampled_logps_recorded
+
+
+@dataclasses.dataclass
+class GenerationJob:
+    """One batch to sample: ``prompt_ids`` (this process's rows), the behaviour weights, the seed."""
+
+    step: int
+    prompt_ids: list[list[int]]
+    weights: dict[str, torch.Tensor]
+    seed: int
+
+
+@dataclasses.dataclass
+class SamplingSettings:
+    """What the worker needs to sample and score as the trainer would."""
+
+    generation_config: Any
+    pad_token_id: int
+    eos_token_ids: list[int]
+    temperature: float
+    pad_to_multiple_of: int | None
+    batch_size: int
+    threads: int = 1
+    device: str = "cpu"  # where the worker's copy of the model samples (the trainer's device)
+
+
+#: Seconds a new worker may take to import torch and build its model (at least; ``async_timeout`` if longer).
+STARTUP_TIMEOUT = 300.0
+
+
+class GeneratorError(RuntimeError):
+    """The generator process failed, died or did not answer in time."""
+
+
+def model_recipe(model: torch.nn.Module) -> dict[str, Any]:
+    """How to rebuild ``model`` in another process: its config, its generation config, its PEFT config (if any) and
+    its weights (CPU)."""
+    if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
+        raise ValueError("a quantized (bitsandbytes) model cannot be copied into a generator process")
+    peft_config = None
+    base = model
+    if hasattr(model, "peft_config"):
+        peft_config = model.peft_config[model.active_adapter]
+        base = model.get_base_model()
+    return {
+        "config": base.config,
+        # generate() takes every setting the trainer's GenerationConfig leaves unset from the model's own; a model
+        # built from its config alone would derive it from the config, where the Trainer has set use_cache=False
+        # (a training setting): the worker would then sample without a KV cache, ~5x slower on SmolLM2-135M.
+        "generation_config": copy.deepcopy(getattr(base, "generation_config", None)),
+        "peft_config": peft_config,
+        "state_dict": {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()},
+    }
+
+
+def _rebuild(recipe: dict[str, Any]) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(recipe["config"])
+    if recipe["generation_config"] is not None:
+        model.generation_config = recipe["generation_config"]
+    if recipe["peft_config"] is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, recipe["peft_config"])
+    missing, unexpected = model.load_state_dict(recipe["state_dict"], strict=False)
+    missing = [name for name in missing if not name.endswith("lm_head.weight")]  # tied to the embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"the generator's model does not match the trainer's: {missing[:3]} {unexpected[:3]}")
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    return model.eval()
+
+
+def _padded(rows: list[list[int]], value: int, side: str, multiple: int | None) -> torch.Tensor:
+    from trl.trainer.utils import pad
+
+    return pad([torch.tensor(row, dtype=torch.long) for row in rows], value, side, multiple)
+
+
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module, prompt_ids: list[list[int]], settings: SamplingSettings
+) -> tuple[list[list[int]], list[list[float]]]:
+    """``generate`` as TRL's ``_generate_single_turn`` calls it; each completion ends at its first EOS. Returns the
+    completions and their tokens' log-probabilities under the distribution ``generate`` sampled them from, read from
+    its scores (``trl_reasoning.async_rollouts.sampler_logps``: the truncated, renormalised one when sampling truncates)."""
+    input_ids = _padded(prompt_ids, settings.pad_token_id, "left", settings.pad_to_multiple_of).to(settings.device)
+    attention_mask = _padded([[1] * len(ids) for ids in prompt_ids], 0, "left", settings.pad_to_multiple_of)
+    attention_mask = attention_mask.to(settings.device)
+    with sampled_logps_recorded(model) as records:
+        output = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=settings.generation_config
+        )
+    completions = []
+    for row in output[:, input_ids.size(1) :].tolist():
+        ends = [i for i, token in enumerate(row) if token in settings.eos_token_ids]
+        completions.append(row[: ends[0] + 1] if ends else row)
+    logps = completion_logps(records, completions)
+    if logps is None:
+        raise RuntimeError(
+            "generate's scores were not recorded: this transformers no longer builds its logits "
+            "processors with _get_logits_processor"
+        )
+    return completions, logps
+
+
+def padded_batch(
+    prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_token_id: int, multiple: int | None
+) -> dict[str, torch.Tensor]:
+    """Prompts left-padded and completions right-padded, with their masks, as TRL lays out a scored batch."""
+    return {
+        "prompt_ids": _padded(prompt_ids, pad_token_id, "left", multiple),
+        "prompt_mask": _padded([[1] * len(ids) for ids in prompt_ids], 0, "left", multiple),
+        "completion_ids": _padded(completion_ids, pad_token_id, "right", multiple),
+        "completion_mask": _padded([[1] * len(ids) for ids in completion_ids], 0, "right", multiple),
+    }
+
+
+def packed(weights: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """``weights`` as one flat shared-memory tensor per dtype, with each tensor's name and shape: one shared block (one
+    file descriptor) per job instead of one per tensor, whose count would grow with the model and ``max_staleness``."""
+    groups: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
+    for name, tensor in weights.items():
+        groups.setdefault(tensor.dtype, []).append((name, tensor.detach().to("cpu")))
+    return {
+        "flat": [torch.cat([t.reshape(-1) for _, t in items]).share_memory_() for items in groups.values()],
+        "layout": [[(name, tuple(t.shape)) for name, t in items] for items in groups.values()],
+    }
+
+
+def unpacked(weights: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`packed` (views into the shared blocks)."""
+    tensors = {}
+    for flat, layout in zip(weights["flat"], weights["layout"], strict=True):
+        offset = 0
+        for name, shape in layout:
+            size = math.prod(shape)
+            tensors[name] = flat[offset : offset + size].view(shape)
+            offset += size
+    return tensors
+
+
+#: ``prctl`` option: the signal the kernel sends this process when its parent dies (Linux).
+_PR_SET_PDEATHSIG = 1
+#: Seconds between two checks, in the worker, that its trainer still lives (where the kernel does not tell it).
+PARENT_POLL_SECONDS = 0.5
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """End this process as soon as the trainer that started it dies, by whatever signal (SIGKILL, an OOM kill
+    included): on Linux the kernel kills it (``PR_SET_PDEATHSIG``); everywhere a daemon thread also checks every
+    :data:`PARENT_POLL_SECONDS` that its parent is still ``parent_pid`` (an orphan is adopted by another process).
+
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that started the worker ends: the trainer starts it on its training
+    thread, which outlives it (``train()`` stops it at its end, and the next ``train()`` stops one a failed run left)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)  # nothing to flush: the trainer, the only reader of the results, is gone
+
+    if os.getppid() != parent_pid:  # it died before the kernel was told
+        os._exit(1)
+    threading.Thread(target=watch, name="trl-reasoning-parent-watch", daemon=True).start()
+
+
+def _worker(recipe: dict[str, Any], settings: SamplingSettings, jobs, results, parent_pid: int | None = None) -> None:
+    if parent_pid is not None:
+        _exit_with_parent(parent_pid)
+    # Ctrl-C belongs to the trainer, which stops this worker itself (the terminal sends SIGINT to both).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(settings.threads)
+    try:
+        model = _rebuild(recipe).to(settings.device)
+        params = dict(model.named_parameters())
+    except BaseException:
+        results.put((-1, None, None, traceback.format_exc()))
+        return
+    results.put((-1, None, None, 0.0))  # ready
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        try:
+            with torch.no_grad():
+                for name, tensor in unpacked(job.weights).items():
+                    params[name].copy_(tensor)
+            started = time.perf_counter()
+            torch.manual_seed(job.seed)
+            completions, logps = sample(model, job.prompt_ids, settings)
+            results.put((job.step, completions, logps, time.perf_counter() - started))
+        except BaseException:
+            results.put((job.step, None, None, traceback.format_exc()))  # a string: the error
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """A spawned process re-runs the parent's main script (to find functions defined there) unless that script is
+    guarded by ``if __name__ == "__main__"`` — which training scripts often are not. The worker needs nothing from
+    it (its function lives in this module), so the main module's file and spec are hidden while it starts."""
+    main = sys.modules.get("__main__")
+    saved = {key: main.__dict__.pop(key) for key in ("__file__", "__spec__") if main and key in main.__dict__}
+    if main is not None and "__spec__" in saved:
+        main.__spec__ = None
+    try:
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
+
+
+@contextlib.contextmanager
+def _children_detached(log_path: str | None):
+    """Processes started within the block write their output to ``log_path`` (``os.devnull`` when ``None`` or
+    unwritable), not to this process's stdout and stderr, and ignore SIGINT.
+
+    A spawned process inherits the parent's file descriptors 1 and 2 and the signals it ignores, from the moment it
+    exists (seconds before any code of ours runs in it, while it imports torch): the descriptors are pointed at the log
+    for the few milliseconds of the start, so that a supervisor reading this process's output to its end (a pipe, a
+    CI log) never waits for a child; SIGINT is ignored (and blocked, so that a Ctrl-C in the meantime reaches this
+    process when the block ends) because a Ctrl-C sent to the terminal's process group is this process's to handle
+    by stopping its children. Python's errors cross to the trainer through the results queue, not through stderr."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()  # what was printed before goes where it was meant to
+    saved: dict[int, int] = {}
+    target = None
+    try:
+        with contextlib.suppress(OSError):
+            target = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if log_path else None
+        if target is None:
+            target = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):  # a closed descriptor stays closed
+                saved[fd] = os.dup(fd)
+                os.dup2(target, fd)
+    except BaseException:
+        for fd, copy_of in saved.items():
+            os.dup2(copy_of, fd)
+            os.close(copy_of)
+        raise
+    on_main_thread = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask")
+    if on_main_thread:
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a blocked SIGINT stays pending on Linux
+    try:
+        yield
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGINT, signal.default_int_handler if handler is None else handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a pending Ctrl-C is a KeyboardInterrupt here
+        for fd, copy_of in saved.items():
+            os.dup2(copy_of, fd)
+            os.close(copy_of)
+        os.close(target)
+
+
+class GeneratorProcess:
+    """The worker process and its two queues. ``submit`` a job, ``result(step)`` waits for it (at most ``timeout``
+    seconds, checking every second that the worker lives); ``close`` stops it.
+
+    The worker never outlives this process (it exits within a second of its death by any signal), writes its output
+    to ``log_path`` (``None``: nowhere) rather than to this process's stdout and stderr, and leaves Ctrl-C to this
+    process: an interrupt while it starts stops it before the ``KeyboardInterrupt`` goes on."""
+
+    def __init__(
+        self, model: torch.nn.Module, settings: SamplingSettings, timeout: float, log_path: str | None = None
+    ):
+        context = torch.multiprocessing.get_context("spawn")
+        self.timeout = timeout
+        self.log_path = log_path
+        self._done: dict[int, tuple] = {}
+        self.submitted: set[int] = set()
+        self._process = None
+        self._packed: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None  # the last weights shipped, packed
+        self._ready = False
+        try:
+            recipe = model_recipe(model)
+            # the queues' semaphores may start multiprocessing's resource tracker: detached too
+            with _children_detached(log_path):
+                self._jobs = context.Queue()
+                self._results = context.Queue()
+                self._process = context.Process(
+                    target=_worker,
+                    args=(recipe, settings, self._jobs, self._results, os.getpid()),
+                    daemon=True,
+                )
+                with _main_module_hidden():
+                    self._process.start()
+            self._wait_for(-1, timeout=max(timeout, STARTUP_TIMEOUT))  # importing torch and building the model
+            self._ready = True
+        except BaseException:  # KeyboardInterrupt included: no worker is left behind, not even a zombie
+            self.close()
+            raise
+
+    def submit(self, job: GenerationJob) -> None:
+        if job.step in self.submitted:
+            return
+        if self._packed is None or self._packed[0] is not job.weights:  # the jobs of one step share their weights
+            self._packed = (job.weights, packed(job.weights))
+        self._jobs.put(dataclasses.replace(job, weights=self._packed[1]))
+        self.submitted.add(job.step)
+
+    def result(self, step: int) -> tuple[list[list[int]], list[list[float]], float, float]:
+        """``(completions, log-probs, seconds the worker spent on it, seconds this call waited for it)``."""
+        started = time.perf_counter()
+        completions, logps, seconds = self._wait_for(step)
+        self.submitted.discard(step)
+        return completions, logps, seconds, time.perf_counter() - started
+
+    def _wait_for(self, step: int, timeout: float | None = None):
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while step not in self._done:
+            if not self._process.is_alive():
+                raise GeneratorError(
+                    f"The generator process died (exit code {self._process.exitcode}) before it returned the batch of "
+                    f"generation step {step}. {self._output_hint()}async_generator='inline' generates in the "
+                    "training process instead."
+                )
+            if time.monotonic() > deadline:
+                what = "start" if step < 0 else f"return the batch of generation step {step}"
+                raise GeneratorError(
+                    f"The generator process did not {what} within {timeout:g} s (async_timeout={self.timeout:g}). "
+                    "Raise async_timeout if generation is that slow."
+                )
+            try:
+                answer = self._results.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            self._done[answer[0]] = answer
+        _, completions, logps, seconds = self._done.pop(step)
+        if isinstance(seconds, str):
+            raise GeneratorError(f"The generator process failed on generation step {step}:\n{seconds}")
+        return completions, logps, seconds
+
+    def close(self) -> None:
+        """Stop the worker (it finishes the job it is on; killed after 10 s, or at once while it starts) and reap it."""
+        if self._process is None:
+            return
+        if self._process.pid is not None:
+            if self._ready:  # a worker still starting reads no queue yet: stopped at once
+                with contextlib.suppress(Exception):
+                    self._jobs.put(None)
+                self._process.join(timeout=10)
+            if self._process.is_alive():
+                self._process.kill()
+            self._process.join(timeout=5)
+        for channel in (self._jobs, self._results):
+            with contextlib.suppress(Exception):
+                channel.close()
+                channel.cancel_join_thread()  # nobody reads what is left in it
+
+    def _output_hint(self) -> str:
+        return f"Its output, if it printed any, is in {self.log_path}; " if self.log_path else ""
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()

@@ -1,0 +1,447 @@
+"""Sampling-based evaluation during and after training: pass@k, accuracy, reward and completion length.
+
+[`evaluate_pass_at_k`] samples `n` completions per prompt of a dataset with a model and scores them with reward
+functions that take TRL's reward-function arguments. [`PassAtKCallback`] runs it every `eval_steps` inside any
+`transformers.Trainer` with a causal LM and a tokenizer: every trl-reasoning trainer and TRL's own `GRPOTrainer`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import TrainerCallback
+from transformers.trainer_utils import SaveStrategy
+
+from .pass_at_k import mean_pass_at_k
+
+RewardFunc = Callable[..., list]
+
+
+def _reward_name(func: Any) -> str:
+    return getattr(func, "__name__", type(func).__name__)
+
+
+def _as_list(funcs: RewardFunc | Sequence[RewardFunc]) -> list[RewardFunc]:
+    funcs = list(funcs) if isinstance(funcs, (list, tuple)) else [funcs]
+    if not funcs:
+        raise ValueError("reward_funcs is empty: pass at least one reward function to judge the completions.")
+    for func in funcs:
+        if not callable(func):
+            raise TypeError(f"reward_funcs must be callables (TRL reward functions), got {func!r}.")
+    return funcs
+
+
+def _prompt_texts(tokenizer, prompts: list) -> list[str]:
+    texts = []
+    for prompt in prompts:
+        if isinstance(prompt, list):  # conversational
+            texts.append(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+        else:
+            texts.append(prompt)
+    return texts
+
+
+@torch.no_grad()
+def _sample(model, tokenizer, texts: list[str], num_samples: int, greedy: bool, generation: dict) -> dict[str, Any]:
+    """Generate for `texts`; return decoded completions, their token ids (up to EOS) and lengths, row-major."""
+    device = next(model.parameters()).device
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    prompt_length = encoded["input_ids"].shape[1]
+    kwargs = dict(generation)
+    if greedy:
+        kwargs.update(do_sample=False, num_return_sequences=1, temperature=None, top_p=None, top_k=None)
+    else:
+        kwargs.update(do_sample=True, num_return_sequences=num_samples)
+    output = model.generate(**encoded, **kwargs)
+    completion_ids = output[:, prompt_length:]
+    eos_ids = set(_eos_ids(model, tokenizer))
+    ids, lengths = [], []
+    for row in completion_ids.tolist():
+        kept = []
+        for token in row:
+            if token in eos_ids:
+                kept.append(token)
+                break
+            if token == tokenizer.pad_token_id and tokenizer.pad_token_id not in eos_ids:
+                break
+            kept.append(token)
+        ids.append(kept)
+        lengths.append(len(kept))
+    texts_out = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return {"texts": texts_out, "ids": ids, "lengths": lengths}
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return [eos] if isinstance(eos, int) else [e for e in (eos or []) if e is not None]
+
+
+def _score(
+    funcs: list[RewardFunc], prompts: list, completions: list, completion_ids: list, columns: dict[str, list]
+) -> list[float]:
+    totals = [0.0] * len(completions)
+    for func in funcs:
+        values = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+        if values is None or len(values) != len(completions):
+            raise ValueError(
+                f"Reward function {_reward_name(func)} returned {0 if values is None else len(values)} values for "
+                f"{len(completions)} completions."
+            )
+        for i, value in enumerate(values):
+            value = float("nan") if value is None else float(value)
+            if math.isnan(value):
+                value = 0.0  # TRL's convention: a reward function returns None when it does not apply
+            totals[i] += value
+    return totals
+
+
+def _score_samples(
+    funcs: list[RewardFunc], prompts: list, columns: dict[str, list], sampled: dict[str, Any], repeat: int
+) -> list[float]:
+    """Rewards of `repeat` sampled completions per prompt (row-major), with the prompts and columns repeated."""
+    conversational = isinstance(prompts[0], list)
+    completions = [[{"role": "assistant", "content": text}] if conversational else text for text in sampled["texts"]]
+    repeated = {key: [value for value in values for _ in range(repeat)] for key, values in columns.items()}
+    prompts = [prompt for prompt in prompts for _ in range(repeat)]
+    return _score(funcs, prompts, completions, sampled["ids"], repeated)
+
+
+def evaluate_pass_at_k(
+    model,
+    tokenizer,
+    dataset,
+    reward_funcs: RewardFunc | Sequence[RewardFunc],
+    num_samples: int = 8,
+    ks: Sequence[int] = (1, 8),
+    max_new_tokens: int = 256,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    batch_size: int = 64,
+    success_threshold: float = 1.0,
+    greedy: bool = True,
+    max_prompts: int | None = None,
+    accelerator=None,
+    progress: bool = False,
+) -> dict[str, float]:
+    r"""
+    Sample `num_samples` completions per prompt and report unbiased pass@k, greedy accuracy, reward and length.
+
+    Args:
+        model ([`~transformers.PreTrainedModel`]):
+            A causal LM (unwrapped: not DDP/DeepSpeed-wrapped).
+        tokenizer ([`~transformers.PreTrainedTokenizerBase`]):
+            Its tokenizer; conversational prompts go through its chat template with a generation prompt.
+        dataset (`datasets.Dataset` or `list[dict]`):
+            Rows with a `"prompt"` (text or list of messages) and any columns the reward functions read (e.g.
+            `"answer"`); columns are passed to the reward functions as keyword arguments, as TRL does.
+        reward_funcs (`Callable` or `Sequence[Callable]`):
+            TRL-style reward functions `f(prompts, completions, completion_ids, **columns) -> list[float]`. Their sum
+            is a completion's reward; a completion is correct when that sum is `>= success_threshold`.
+        num_samples (`int`, *optional*, defaults to `8`):
+            Completions sampled per prompt (`n` of pass@k).
+        ks (`Sequence[int]`, *optional*, defaults to `(1, 8)`):
+            The `k` values to report; each must be `<= num_samples`.
+        max_new_tokens (`int`, *optional*, defaults to `256`):
+            Maximum completion length.
+        temperature (`float`, *optional*, defaults to `1.0`), top_p (`float`, *optional*, defaults to `1.0`),
+        top_k (`int`, *optional*, defaults to `0`):
+            Sampling parameters (`top_k=0` disables top-k filtering).
+        batch_size (`int`, *optional*, defaults to `64`):
+            Prompts per `generate` call.
+        success_threshold (`float`, *optional*, defaults to `1.0`):
+            Reward at or above which a completion counts as correct.
+        greedy (`bool`, *optional*, defaults to `True`):
+            Also decode greedily once per prompt and report its accuracy as `accuracy`.
+        max_prompts (`int`, *optional*):
+            Evaluate only the first `max_prompts` rows.
+        accelerator (`accelerate.Accelerator`, *optional*):
+            With several processes, each evaluates a slice of the prompts and the counts are gathered; every process
+            returns the same metrics.
+        progress (`bool`, *optional*, defaults to `False`):
+            Show a progress bar (prompts of this process; on the main process only).
+
+    Returns:
+        `dict[str, float]`: `pass@{k}` for every `k` (averaged over prompts), `accuracy` (greedy, if `greedy`),
+        `reward` (mean reward of the sampled completions), `mean_length` (mean sampled completion length in tokens,
+        EOS included), `num_prompts`, `num_samples`.
+    """
+    funcs = _as_list(reward_funcs)
+    ks = sorted({int(k) for k in ks})
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}.")
+    bad = [k for k in ks if not 1 <= k <= num_samples]
+    if bad:
+        raise ValueError(f"every k in ks must be between 1 and num_samples={num_samples}; got {bad}.")
+    rows = [dict(row) for row in dataset]
+    if max_prompts is not None:
+        rows = rows[:max_prompts]
+    if not rows:
+        raise ValueError("The evaluation dataset is empty.")
+    if "prompt" not in rows[0]:
+        raise ValueError(f"The evaluation dataset needs a 'prompt' column; it has {sorted(rows[0])}.")
+
+    world, rank = (accelerator.num_processes, accelerator.process_index) if accelerator is not None else (1, 0)
+    per_rank = math.ceil(len(rows) / world)
+    local = rows[rank * per_rank : (rank + 1) * per_rank]
+    valid = [1.0] * len(local) + [0.0] * (per_rank - len(local))
+    local = local + [rows[-1]] * (per_rank - len(local))  # equal generate calls on every rank (ZeRO-3, FSDP)
+
+    generation = dict(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        pad_token_id=tokenizer.pad_token_id,
+        synced_gpus=world > 1,
+    )
+    was_training = model.training
+    padding_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    model.eval()
+    stats = []  # per prompt: correct, reward sum, length sum, greedy correct
+    is_main = accelerator is None or accelerator.is_main_process
+    bar = tqdm(
+        total=len(local),
+        desc=f"pass@k eval ({len(rows)} prompts x {num_samples} samples, {world} process{'es' if world > 1 else ''})",
+        unit="prompt",
+        disable=not (progress and is_main),
+    )
+    try:
+        for start in range(0, len(local), batch_size):
+            batch = local[start : start + batch_size]
+            prompts = [row["prompt"] for row in batch]
+            texts = _prompt_texts(tokenizer, prompts)
+            columns = {key: [row[key] for row in batch] for key in batch[0] if key != "prompt"}
+
+            sampled = _sample(model, tokenizer, texts, num_samples, greedy=False, generation=generation)
+            rewards = _score_samples(funcs, prompts, columns, sampled, num_samples)
+            greedy_rewards = None
+            if greedy:
+                greedy_sample = _sample(model, tokenizer, texts, 1, greedy=True, generation=generation)
+                greedy_rewards = _score_samples(funcs, prompts, columns, greedy_sample, 1)
+            for i in range(len(batch)):
+                chunk = slice(i * num_samples, (i + 1) * num_samples)
+                stats.append(
+                    [
+                        float(sum(r >= success_threshold for r in rewards[chunk])),
+                        float(sum(rewards[chunk])),
+                        float(sum(sampled["lengths"][chunk])),
+                        float(greedy_rewards[i] >= success_threshold) if greedy else 0.0,
+                    ]
+                )
+            bar.update(len(batch))
+    finally:
+        bar.close()
+        tokenizer.padding_side = padding_side
+        model.train(was_training)
+
+    table = torch.tensor([s + [v] for s, v in zip(stats, valid)], dtype=torch.float64)
+    if accelerator is not None and world > 1:
+        table = accelerator.gather(table.to(accelerator.device)).cpu()
+    table = table[table[:, 4] > 0]
+    counts = [int(c) for c in table[:, 0].tolist()]
+    num_prompts = len(counts)
+    metrics = {f"pass@{k}": mean_pass_at_k(counts, num_samples, k) for k in ks}
+    if greedy:
+        metrics["accuracy"] = float(table[:, 3].mean())
+    metrics["reward"] = float(table[:, 1].sum()) / (num_prompts * num_samples)
+    metrics["mean_length"] = float(table[:, 2].sum()) / (num_prompts * num_samples)
+    metrics["num_prompts"] = float(num_prompts)
+    metrics["num_samples"] = float(num_samples)
+    return metrics
+
+
+class PassAtKCallback(TrainerCallback):
+    r"""
+    Every `eval_steps` optimizer steps, sample `num_samples` completions per held-out prompt and log pass@k, greedy
+    accuracy, mean reward and mean completion length to the trainer's loggers (console, W&B, TensorBoard, …), under
+    `eval_pass_at_k/pass@{k}`, `eval_pass_at_k/accuracy`, `eval_pass_at_k/reward`, `eval_pass_at_k/mean_length`.
+    The prefix keeps them apart from the trainer's own evaluation loop, whose `eval_reward` is the mean training
+    reward on `eval_dataset` (this callback's `reward` is the mean under its own `reward_funcs` over its samples).
+
+    Works with any `transformers.Trainer` whose model is a causal LM and whose `processing_class` is its tokenizer:
+    every trl-reasoning trainer and TRL's `GRPOTrainer`. Metrics go through `transformers.Trainer.log` itself, so
+    `GRPOTrainer`'s buffered training metrics are neither flushed nor mixed in.
+
+    Args:
+        trainer ([`~transformers.Trainer`]):
+            The trainer to evaluate; add the callback with `trainer.add_callback(callback)`.
+        eval_dataset (`datasets.Dataset` or `list[dict]`):
+            Held-out rows with a `"prompt"` and the columns the reward functions read.
+        reward_funcs (`Callable` or `Sequence[Callable]`, *optional*):
+            Reward functions judging correctness; defaults to the trainer's `reward_funcs` that are callables.
+        num_samples (`int`, *optional*, defaults to `8`):
+            Completions per prompt (`n`).
+        ks (`Sequence[int]`, *optional*, defaults to `(1, 8)`):
+            The `k` values to log (each `<= num_samples`).
+        eval_steps (`int`, *optional*):
+            Evaluate every this many steps; defaults to `args.eval_steps`, else `args.logging_steps`.
+        eval_on_start (`bool`, *optional*, defaults to `False`):
+            Also evaluate before the first step (step 0).
+        max_new_tokens (`int`, *optional*):
+            Defaults to `args.max_completion_length` (256 when the trainer has none).
+        temperature (`float`, *optional*):
+            Defaults to `args.temperature` (1.0 when the trainer has none). `top_p`/`top_k` likewise.
+        metric_prefix (`str`, *optional*, defaults to `"eval_pass_at_k/"`):
+            Prefix of every logged key.
+        **kwargs:
+            Passed to [`evaluate_pass_at_k`] (`batch_size`, `success_threshold`, `greedy`, `max_prompts`).
+    """
+
+    def __init__(
+        self,
+        trainer,
+        eval_dataset,
+        reward_funcs: RewardFunc | Sequence[RewardFunc] | None = None,
+        num_samples: int = 8,
+        ks: Sequence[int] = (1, 8),
+        eval_steps: int | None = None,
+        eval_on_start: bool = False,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        metric_prefix: str = "eval_pass_at_k/",
+        **kwargs,
+    ):
+        self.trainer = trainer
+        self.metric_prefix = metric_prefix
+        self.eval_dataset = eval_dataset
+        if reward_funcs is None:
+            reward_funcs = [f for f in getattr(trainer, "reward_funcs", []) if not hasattr(f, "forward")]
+            if not reward_funcs:
+                raise ValueError(
+                    "PassAtKCallback: the trainer has no reward function to judge completions; pass reward_funcs."
+                )
+        self.reward_funcs = _as_list(reward_funcs)
+        args = trainer.args
+        self.eval_steps = eval_steps or getattr(args, "eval_steps", None) or args.logging_steps
+        if isinstance(self.eval_steps, float) and self.eval_steps < 1:
+            self.eval_steps = max(1, int(self.eval_steps * max(1, args.max_steps)))
+        self.eval_steps = int(self.eval_steps)
+        self.eval_on_start = eval_on_start
+        self.options = dict(
+            num_samples=num_samples,
+            ks=ks,
+            max_new_tokens=max_new_tokens or getattr(args, "max_completion_length", None) or 256,
+            temperature=temperature if temperature is not None else getattr(args, "temperature", 1.0),
+            top_p=top_p if top_p is not None else getattr(args, "top_p", 1.0),
+            top_k=top_k if top_k is not None else (getattr(args, "top_k", 0) or 0),
+            **kwargs,
+        )
+        # validate early, with the same messages as evaluate_pass_at_k
+        bad = [k for k in ks if not 1 <= k <= num_samples]
+        if bad:
+            raise ValueError(
+                f"PassAtKCallback: every k in ks must be between 1 and num_samples={num_samples}; got {bad}."
+            )
+        self.history: list[dict[str, float]] = []
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Run the evaluation now and log it at `step`; returns the metrics (keys prefixed with `metric_prefix`)."""
+        from trl.models.utils import unwrap_model_for_generation
+
+        trainer = self.trainer
+        # gathers ZeRO-3 / FSDP parameters for generation, as TRL's trainers do
+        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
+            metrics = evaluate_pass_at_k(
+                model,
+                trainer.processing_class,
+                self.eval_dataset,
+                self.reward_funcs,
+                accelerator=trainer.accelerator,
+                **self.options,
+            )
+        logs = {
+            f"{self.metric_prefix}{key}": value
+            for key, value in metrics.items()
+            if key not in ("num_prompts", "num_samples")
+        }
+        from transformers import Trainer
+
+        # The base implementation: GRPOTrainer.log would flush its buffered training metrics into this entry. The
+        # callback handler's on_log clears `should_log`, which would cancel a training log due at this very step.
+        should_log = trainer.control.should_log
+        Trainer.log(trainer, logs)
+        trainer.control.should_log = should_log
+        self.history.append({"step": step, **logs})
+        return logs
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.eval_on_start and state.global_step == 0:
+            self.evaluate(0)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step > 0 and state.global_step % self.eval_steps == 0:
+            self.evaluate(state.global_step)
+
+
+class PromptSamplingCallback(TrainerCallback):
+    """The trainer's own hooks on epochs for prompt sampling (added by every trl-reasoning trainer):
+
+    - counts the epochs of a streaming training set (``prompt_state.stream_epoch``: the epoch whose rows the stream
+      filter is reading; a stream has no sampler to carry it);
+    - ends training cleanly at the end of the epoch in which no-positive-resampling retired the last prompt: a warning,
+      then the Trainer's normal end (a final checkpoint when saving by steps, as when ``max_steps`` is reached; the
+      script's ``save_model`` runs as usual), instead of an epoch with nothing to sample. For a map-style dataset
+      ``prompts_left_next()`` tells it beforehand; a stream shows it by an epoch without a single step.
+    """
+
+    def __init__(self, prompt_state, prompts_left_next: Callable[[], bool] | None, retiring: bool):
+        self.prompt_state = prompt_state
+        self.prompts_left_next = prompts_left_next
+        self.retiring = retiring
+        self.stopped_at: int | None = None
+        self._epochs_begun = 0
+        self._step_at_epoch_begin = 0
+        self._resumed_epoch = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # A stream's epochs go on from a resumed checkpoint's (the Trainer's own loop over a stream restarts at 0).
+        self._epochs_begun = self.prompt_state.stream_epoch if state.global_step > 0 else 0
+        # The Trainer resumes a stream by skipping the batches of the steps it has trained, from the stream's start: a
+        # shorter stream is used up by that skip, so the first epoch of a resume may train no step at all.
+        self._resumed_epoch = state.global_step > 0
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        if self.prompt_state.streaming:
+            self.prompt_state.stream_epoch = self._epochs_begun
+        self._epochs_begun += 1
+        self._step_at_epoch_begin = state.global_step
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if not self.retiring or state.global_step >= state.max_steps:
+            return control
+        if self.prompt_state.streaming:
+            skipped_through, self._resumed_epoch = self._resumed_epoch, False
+            exhausted = (
+                state.global_step == self._step_at_epoch_begin
+                and len(self.prompt_state.retired) > 0
+                and not skipped_through
+            )
+        else:
+            exhausted = not self.prompts_left_next()
+        if not exhausted:
+            return control
+        warnings.warn(
+            f"No-positive-resampling has retired every training prompt (their pass rate reached "
+            f"positive_resampling_threshold={args.positive_resampling_threshold}; {len(self.prompt_state.retired)} "
+            f"retired): training ends at step {state.global_step} of {state.max_steps}, as at a normal end"
+            + (", with a final checkpoint." if args.save_strategy == SaveStrategy.STEPS else ".")
+            + " Use more prompts or a higher threshold to train longer.",
+            UserWarning,
+            stacklevel=2,
+        )
+        self.stopped_at = state.global_step
+        control.should_training_stop = True
+        if args.save_strategy == SaveStrategy.STEPS:
+            control.should_save = True
+        return control

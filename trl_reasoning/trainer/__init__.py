@@ -1,0 +1,30 @@
+"""Floor 4, the trainer: ``ReasoningTrainer`` (the only place that touches TRL's private methods, listed in
+``base.TRL_PRIVATE_API`` and checked against the installed TRL), the rollout side (generation rounds, scoring,
+group selection), DPPO's top-K forward, checkpoint files, the non-finite-step guard and prompt-length checks.
+
+``trl_reasoning.trainer`` was one module before 0.2; its names are still importable from here.
+"""
+
+from .base import (
+    SUPPORTED_TRL,
+    TRL_CHECKED_VERSION,
+    TRL_INSTANCE_ATTRIBUTES,
+    TRL_PRIVATE_API,
+    ReasoningConfig,
+    ReasoningTrainer,
+    TRLCompatibilityError,
+    check_trl_private_api,
+    warn_if_trl_unsupported,
+)
+
+__all__ = [
+    "SUPPORTED_TRL",
+    "TRL_CHECKED_VERSION",
+    "TRL_INSTANCE_ATTRIBUTES",
+    "TRL_PRIVATE_API",
+    "ReasoningConfig",
+    "ReasoningTrainer",
+    "TRLCompatibilityError",
+    "check_trl_private_api",
+    "warn_if_trl_unsupported",
+]
