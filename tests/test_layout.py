@@ -1,0 +1,123 @@
+"""The tree shows the layers: imports inside ``trl_reasoning`` only point down, the pure math imports no trainer, and
+``tests/`` mirrors the package (docs/architecture.md explains the floors)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "trl_reasoning"
+
+# Each top-level part of the package and its floor: a module may import from its own part and from lower floors only.
+FLOORS = {
+    "_legacy_paths": 0,
+    "utils": 0,
+    "rewards": 1,
+    "algorithms": 2,
+    "evaluation": 2,
+    "models": 2,
+    "tasks": 2,
+    "config": 3,
+    "async_rollouts": 3,
+    "trainer": 4,
+    "presets": 5,
+    "cli": 6,
+    "demo": 6,
+    "__init__": 7,
+}
+# Same-floor pairs that may import each other: the CLI runs the demo and the demo parses its arguments with the CLI's.
+SAME_FLOOR_ALLOWED = {("cli", "demo"), ("demo", "cli")}
+# Test folders that are not a part of the package: end-to-end user journeys cut across every layer.
+CROSS_CUTTING_TEST_FOLDERS = {"journeys"}
+
+
+def _part_of(parts: list[str]) -> str:
+    return parts[0] if parts else "__init__"
+
+
+def package_imports(package: Path = PACKAGE) -> list[tuple[str, str, str]]:
+    """``(module path, importing part, imported part)`` for every import of one part of the package by another."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        module = parts[:-1] if is_package else parts
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = module if is_package else module[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = base + (node.module.split(".") if node.module else [])
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trl_reasoning"):
+                target = node.module.split(".")[1:]
+            elif isinstance(node, ast.Import):
+                names = [a.name.split(".")[1:] for a in node.names if a.name.startswith("trl_reasoning.")]
+                if not names:
+                    continue
+                target = names[0]
+            else:
+                continue
+            source_part, target_part = _part_of(module), _part_of(target)
+            if source_part != target_part:
+                found.append((path.relative_to(package).as_posix(), source_part, target_part))
+    return found
+
+
+def upward_imports(imports: list[tuple[str, str, str]]) -> list[str]:
+    """The imports that point up (or sideways without leave), described for the assertion message."""
+    wrong = []
+    for module, source, target in imports:
+        if source not in FLOORS or target not in FLOORS:
+            wrong.append(f"{module}: {source} -> {target} (a part with no floor: add it to FLOORS)")
+        elif FLOORS[target] > FLOORS[source] or (
+            FLOORS[target] == FLOORS[source] and (source, target) not in SAME_FLOOR_ALLOWED
+        ):
+            wrong.append(f"{module}: {source} (floor {FLOORS[source]}) imports {target} (floor {FLOORS[target]})")
+    return wrong
+
+
+def test_imports_inside_the_package_point_down():
+    imports = package_imports()
+    assert len(imports) > 50  # the walk found the package's imports, so the check below can fail
+    assert not upward_imports(imports)
+
+
+def test_the_check_catches_an_upward_import(tmp_path):
+    (tmp_path / "algorithms").mkdir()
+    (tmp_path / "algorithms" / "__init__.py").write_text("")
+    (tmp_path / "algorithms" / "losses.py").write_text("from ..trainer.base import ReasoningTrainer\n")
+    (tmp_path / "config.py").write_text("from .algorithms import losses\n")
+    assert upward_imports(package_imports(tmp_path)) == [
+        "algorithms/losses.py: algorithms (floor 2) imports trainer (floor 4)"
+    ]
+
+
+def test_every_part_of_the_package_has_a_floor():
+    parts = {p.stem for p in PACKAGE.glob("*.py")} | {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert parts == set(FLOORS)
+
+
+@pytest.mark.parametrize("part", ["algorithms", "rewards"])
+def test_the_math_imports_no_trainer(part):
+    """The pure layers import neither TRL's trainers nor transformers' ``Trainer``: they are tensors in, tensors out."""
+    for path in sorted((PACKAGE / part).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in getattr(node, "names", [])]
+            )
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for module in modules:
+                    assert module.split(".")[0] not in {"trl", "transformers", "accelerate"}, (path, module)
+
+
+def test_tests_mirror_the_package():
+    parts = {p.parent.name for p in PACKAGE.glob("*/__init__.py")} | {"cli"}
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    assert folders - CROSS_CUTTING_TEST_FOLDERS <= parts, "a test folder with no package part of that name"
+    assert parts <= folders, f"package parts without a test folder: {sorted(parts - folders)}"
+    for part in parts:
+        assert list((ROOT / "tests" / part).glob("test_*.py")), f"tests/{part}/ holds no test module"
