@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv and installs trl-reasoning with its test and dev extras, from scratch if needed.
+# Creates .venv and installs trl-reasoning with its dev extra (tests, docs, demo, ruff), from scratch if needed.
 # torch is pinned by constraints.txt: on a CPU machine `torch==2.13.0` resolves to the local CPU wheel, whereas an
 # unpinned torch would pull several GB of CUDA packages.
 set -euo pipefail

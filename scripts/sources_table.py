@@ -1,7 +1,7 @@
-"""Print the README's table of every preset default and its source (``trl_reasoning.config.sources_markdown``).
+"""Print the table of every preset default and its source (``trl_reasoning.config.sources_markdown``).
 
 Run ``python scripts/sources_table.py`` after changing a preset default and paste the output between the
-``<!-- preset-sources -->`` markers of README.md; ``tests/presets/test_config.py`` checks that they agree.
+``<!-- preset-sources -->`` markers of docs/presets.md; ``tests/presets/test_config.py`` checks that they agree.
 """
 
 from __future__ import annotations

@@ -846,7 +846,7 @@ _SOURCES: dict[dataclasses.Field, str] = {}
 def preset_default(name: str, value: Any, *, source: str):
     """A dataclass field that re-declares ``ReasoningConfig.name`` with a preset's default, keeping its help text and
     recording where the value comes from (``source``: the paper's section or equation, the authors' code file, or
-    TRL), which :func:`preset_sources`, the preset's docstring, ``--help`` and the README table show."""
+    TRL), which :func:`preset_sources`, the preset's docstring, ``--help`` and the table of docs/presets.md show."""
     parent = ReasoningConfig.__dataclass_fields__[name]
     if not source.strip():
         raise ValueError(f"preset_default({name!r}): every preset default needs a source")
@@ -875,7 +875,7 @@ def document_sources(config_class: type[ReasoningConfig]) -> type[ReasoningConfi
 
 
 def sources_markdown(config_classes: list[type[ReasoningConfig]]) -> str:
-    """The README table of every preset's defaults and their sources."""
+    """The table of every preset's defaults and their sources (docs/presets.md, "Where each default comes from")."""
     rows = ["| preset | default | source |", "|---|---|---|"]
     for config_class in config_classes:
         for name, (value, source) in preset_sources(config_class).items():

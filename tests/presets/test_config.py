@@ -119,10 +119,15 @@ def test_presets_resolve_to_paper_defaults(config_cls):
         assert getattr(config, name) == value, f"{config_cls.__name__}.{name}"
 
 
-def test_readme_table_of_sources_is_generated_from_the_presets():
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    block = readme.split("<!-- preset-sources:start -->\n")[1].split("<!-- preset-sources:end -->")[0]
-    assert block == sources_markdown(list(PRESET_DEFAULTS)), "run `python scripts/sources_table.py` into README.md"
+def test_the_documented_table_of_sources_is_generated_from_the_presets():
+    root = Path(__file__).parents[2]
+    documents = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    holding = [path for path in documents if "<!-- preset-sources:start -->" in path.read_text()]
+    assert len(holding) == 1, f"the table of sources should be in exactly one document, found in {holding}"
+    (document,) = holding
+    block = document.read_text().split("<!-- preset-sources:start -->\n")[1].split("<!-- preset-sources:end -->")[0]
+    expected = sources_markdown(list(PRESET_DEFAULTS))
+    assert block == expected, f"run `python scripts/sources_table.py` into {document.relative_to(root)}"
 
 
 def test_a_preset_default_without_a_source_is_refused():
