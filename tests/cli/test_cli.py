@@ -90,7 +90,7 @@ def test_algorithm_subcommand_trains_saves_and_evaluates(tiny_model_path, tmp_pa
         [
             "dapo",
             "--config",
-            str(ROOT / "recipes/dapo/tiny-reverse-cpu.yaml"),
+            str(ROOT / "recipes/reverse/tiny-cpu.yaml"),
             "--model_name_or_path",
             tiny_model_path,
             "--output_dir",
