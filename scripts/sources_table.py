@@ -1,23 +1,23 @@
-"""Print the table of every preset default and its source (``trl_reasoning.config.sources_markdown``).
+"""Print (or, with ``--write``, update) the table of every preset default and its source
+(``trl_reasoning.config.sources_markdown`` over ``trl_reasoning.presets.PRESETS``).
 
-Run ``python scripts/sources_table.py`` after changing a preset default and paste the output between the
-``<!-- preset-sources -->`` markers of docs/presets.md; ``tests/presets/test_config.py`` checks that they agree.
+Run ``python scripts/sources_table.py --write`` after changing a preset default: it rewrites the lines between the
+``<!-- preset-sources:start -->`` and ``<!-- preset-sources:end -->`` markers of whichever of README.md and docs/*.md
+holds them; ``tests/presets/test_presets_list.py`` checks that they agree. Without ``--write`` it prints the table.
 """
 
 from __future__ import annotations
 
-import trl_reasoning as tr
-from trl_reasoning.config import sources_markdown
+import sys
 
-PRESET_CONFIGS = [
-    tr.DAPOConfig,
-    tr.CISPOConfig,
-    tr.DPPOConfig,
-    tr.MaxRLConfig,
-    tr.RLOOConfig,
-    tr.DrGRPOConfig,
-    tr.ScaleRLConfig,
-]
+from marker_blocks import write_block
+
+from trl_reasoning.config import sources_markdown
+from trl_reasoning.presets import PRESETS
 
 if __name__ == "__main__":
-    print(sources_markdown(PRESET_CONFIGS), end="")
+    table = sources_markdown([entry.config_class for entry in PRESETS])
+    if "--write" in sys.argv[1:]:
+        print(f"wrote the table into {write_block('preset-sources', table)}")
+    else:
+        print(table, end="")

@@ -111,16 +111,19 @@ def logged_metric(trainer, name) -> list[float]:
     return [entry[name] for entry in trainer.state.log_history if name in entry]
 
 
-#: Every preset: name -> (trainer class, config class, reward function). MaxRL needs a binary reward.
-PRESETS = {
-    "DAPO": (tr.DAPOTrainer, tr.DAPOConfig, digit_fraction),
-    "CISPO": (tr.CISPOTrainer, tr.CISPOConfig, digit_fraction),
-    "DPPO": (tr.DPPOTrainer, tr.DPPOConfig, digit_fraction),
-    "MaxRL": (tr.MaxRLTrainer, tr.MaxRLConfig, has_digit),
-    "RLOO": (tr.RLOOTrainer, tr.RLOOConfig, digit_fraction),
-    "DrGRPO": (tr.DrGRPOTrainer, tr.DrGRPOConfig, digit_fraction),
-    "ScaleRL": (tr.ScaleRLTrainer, tr.ScaleRLConfig, digit_fraction),
-}
+def preset_id(entry: tr.Preset) -> str:
+    """A preset's name in test ids: its config class without `Config` (`DrGRPO`), as docs/RELIABILITY.md cites them."""
+    return entry.config_class.__name__.removesuffix("Config")
+
+
+def preset_reward(entry: tr.Preset):
+    """The reward the tests train a preset with: MaxRL's estimator divides by the group's success rate, so its reward
+    must be binary (`has_digit`); every other preset gets the graded `digit_fraction`."""
+    return has_digit if entry.defaults()["advantage_estimator"] == "maxrl" else digit_fraction
+
+
+#: Every preset of `trl_reasoning.PRESETS`: id -> (trainer class, config class, reward function).
+PRESETS = {preset_id(entry): (entry.trainer_class, entry.config_class, preset_reward(entry)) for entry in tr.PRESETS}
 
 
 def lora_config():

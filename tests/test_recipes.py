@@ -1,38 +1,51 @@
-"""Every recipe parses offline into its algorithm's config; accelerate configs load; the demo recipe runs."""
+"""Every recipe parses offline into every preset's config (a recipe holds a task and a model; the subcommand chooses
+the preset); accelerate configs load; the demo recipe runs."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
 import yaml
 
-from trl_reasoning import cli
+from trl_reasoning import PRESETS, cli
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
-ALGORITHMS = ("dapo", "cispo", "dppo", "maxrl", "rloo", "dr_grpo", "scalerl")
-GSM8K_RECIPES = sorted(RECIPES.glob("*/qwen2.5-*-gsm8k*.yaml"))
+#: Every training recipe (a task folder: recipes/<task>/<model>.yaml); accelerate/ holds launcher configs.
+TRAINING_RECIPES = sorted(path for path in RECIPES.glob("*/*.yaml") if path.parent.name != "accelerate")
+GSM8K_RECIPES = sorted(RECIPES.glob("gsm8k/qwen2.5-*.yaml"))
 # Recipes target GPUs (bf16); parsing them here only needs the config to accept a CPU.
 CPU = ["--use_cpu", "true"]
+#: What a preset sets on the command line over a recipe's value (recipes/README.md says so), keyed by preset name.
+PRESET_FLAGS = {"rloo": ["--num_generations", "4"]}
 
 
-def test_every_algorithm_has_full_lora_qlora_and_vllm_recipes():
-    for algorithm in ALGORITHMS:
-        names = {path.name for path in (RECIPES / algorithm).glob("*.yaml")}
-        for variant in ("", "-lora", "-qlora", "-vllm"):
-            assert f"qwen2.5-1.5b-gsm8k{variant}.yaml" in names, (algorithm, variant)
+def recipe_id(path: Path) -> str:
+    return path.relative_to(RECIPES).with_suffix("").as_posix()
 
 
-@pytest.mark.parametrize("path", GSM8K_RECIPES, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_recipe_parses_into_its_config(path, tmp_path):
-    algorithm = path.parent.name
-    if algorithm not in cli.available_presets():
-        pytest.skip(f"{algorithm} is not in this installation")
-    config_class, _ = cli.load_preset(algorithm)
+def test_the_gsm8k_recipes_are_full_lora_qlora_and_vllm():
+    assert {path.name for path in GSM8K_RECIPES} == {
+        f"qwen2.5-1.5b{variant}.yaml" for variant in ("", "-lora", "-qlora", "-vllm")
+    }
+
+
+def test_no_recipe_is_tied_to_one_preset():
+    preset_names = {entry.name for entry in PRESETS}
+    assert {path.parent.name for path in TRAINING_RECIPES} & preset_names == set(), "recipes/<preset>/ is gone"
+    for path in TRAINING_RECIPES:
+        output_dir = yaml.safe_load(path.read_text())["output_dir"]
+        assert output_dir.endswith(cli.PRESET_PLACEHOLDER), (path, "two presets would share one output_dir")
+
+
+@pytest.mark.parametrize("entry", PRESETS, ids=lambda entry: entry.name)
+@pytest.mark.parametrize("path", TRAINING_RECIPES, ids=recipe_id)
+def test_every_recipe_parses_into_every_presets_config(path, entry):
     raw = yaml.safe_load(path.read_text())
-    data, args, model, _ = cli.parse(algorithm, ["--config", str(path), *CPU])
-    assert type(args) is config_class
+    data, args, model, _ = cli.parse(entry.name, ["--config", str(path), *CPU])
+    assert type(args) is entry.config_class
     # every key of the YAML landed in one of the three dataclasses, with its value
     for key, value in raw.items():
         owner = next(obj for obj in (data, args, model) if hasattr(obj, key))
@@ -40,29 +53,50 @@ def test_recipe_parses_into_its_config(path, tmp_path):
         parsed = getattr(parsed, "value", parsed)
         if key == "report_to":
             assert parsed in ([], ["none"], "none"), parsed
+        elif key == "output_dir":
+            assert parsed == value.replace("{preset}", entry.name)
         elif key != "lr_scheduler_type":
             assert parsed == value, (key, parsed, value)
+    # fields the recipe leaves out keep the preset's paper defaults
+    for name in ("advantage_estimator", "policy_loss", "loss_aggregation", "beta"):
+        assert name in raw or getattr(args, name) == entry.defaults()[name], name
+    assert cli.resolve_reward_funcs(data.reward_funcs)
+
+
+@pytest.mark.parametrize("path", GSM8K_RECIPES, ids=recipe_id)
+def test_gsm8k_recipe_sets_the_model_and_the_launch_command_in_its_header(path):
+    data, args, model, _ = cli.parse("dapo", ["--config", str(path), *CPU])
     assert model.model_name_or_path.startswith("Qwen/") and data.task == "gsm8k"
     assert data.reward_funcs == ["math_answer_reward"] and args.bf16
-    variant = path.stem.rsplit("gsm8k", 1)[1]
+    variant = path.stem.removeprefix("qwen2.5-1.5b")
     assert model.use_peft == (variant in ("-lora", "-qlora"))
     assert model.load_in_4bit == (variant == "-qlora")
     assert args.use_vllm == (variant == "-vllm") and (variant != "-vllm" or args.vllm_mode == "colocate")
-    # the recipe's reward resolves, and the launch command in its header names an accelerate config that exists
-    assert cli.resolve_reward_funcs(data.reward_funcs)
+    # the launch command in the header names an accelerate config that exists and this recipe
     header = path.read_text().split("\n\n", 1)[0]
     accelerate_config = header.split("--config_file ", 1)[1].split()[0]
-    assert (ROOT / accelerate_config).is_file() and f"trl_reasoning.cli {algorithm}" in header
+    assert (ROOT / accelerate_config).is_file() and f"--config {path.relative_to(ROOT).as_posix()}" in header
 
 
-def test_gsm8k_recipes_use_each_algorithms_paper_defaults(tmp_path):
-    _, dapo, _, _ = cli.parse("dapo", ["--config", str(RECIPES / "dapo/qwen2.5-1.5b-gsm8k.yaml"), *CPU])
+def test_gsm8k_recipes_use_each_algorithms_paper_defaults():
+    recipe = str(RECIPES / "gsm8k/qwen2.5-1.5b.yaml")
+    _, dapo, _, _ = cli.parse("dapo", ["--config", recipe, *CPU])
     assert (dapo.epsilon, dapo.epsilon_high, dapo.loss_aggregation) == (0.2, 0.28, "token_mean")
     assert dapo.overlong_cache_length == round(0.2 * dapo.max_completion_length)
-    _, cispo, _, _ = cli.parse("cispo", ["--config", str(RECIPES / "cispo/qwen2.5-1.5b-gsm8k.yaml"), *CPU])
+    _, cispo, _, _ = cli.parse("cispo", ["--config", recipe, *CPU])
     assert (cispo.policy_loss, cispo.epsilon_high) == ("cispo", 5.0)
-    _, rloo, _, _ = cli.parse("rloo", ["--config", str(RECIPES / "rloo/qwen2.5-1.5b-gsm8k.yaml"), *CPU])
+    _, rloo, _, _ = cli.parse("rloo", ["--config", recipe, *CPU])
     assert (rloo.advantage_estimator, rloo.beta, rloo.kl_in_reward) == ("rloo", 0.05, True)
+
+
+@pytest.mark.parametrize("path", GSM8K_RECIPES, ids=recipe_id)
+def test_the_documented_per_preset_flags_override_the_recipe(path):
+    readme = (RECIPES / "README.md").read_text()
+    for name, flags in PRESET_FLAGS.items():
+        assert f"trl-reasoning {name} --config recipes/gsm8k/qwen2.5-1.5b-lora.yaml {shlex.join(flags)}" in readme
+        assert f"{name.upper()}: add {shlex.join(flags)}" in path.read_text()  # the recipe's header says it too
+        _, args, _, _ = cli.parse(name, ["--config", str(path), *flags, *CPU])
+        assert args.num_generations == 4 and args.output_dir.endswith(f"-{name}")
 
 
 @pytest.mark.parametrize("name", ["ddp", "zero2", "zero3", "fsdp2", "multi_node"])
@@ -91,6 +125,9 @@ def test_accelerate_configs_load(name):
 def test_recipes_readme_has_the_launch_commands():
     readme = (RECIPES / "README.md").read_text()
     assert "accelerate launch --config_file recipes/accelerate/zero2.yaml -m trl_reasoning.cli dapo" in readme
+    for path in TRAINING_RECIPES:  # every recipe is in the README's table, by folder and file
+        variant = f"-{path.stem.rsplit('-', 1)[-1]}.yaml"
+        assert f"`{path.parent.name}/`" in readme and (path.name in readme or variant in readme), path
     assert "trl-reasoning demo" in readme and "trl-reasoning eval" in readme
 
 
@@ -143,10 +180,10 @@ def test_demo_recipe_runs_a_few_steps(tmp_path, capsys):
 def test_recipes_are_listed_and_copied_from_the_installed_package(tmp_path, capsys):
     listed = dict(cli.run(["recipes"]))
     shipped = {p.relative_to(RECIPES).as_posix() for p in RECIPES.glob("**/*.yaml")}
-    assert set(listed) == shipped and listed["dapo/qwen2.5-1.5b-gsm8k.yaml"].startswith("DAPO on GSM8K")
+    assert set(listed) == shipped and listed["gsm8k/qwen2.5-1.5b.yaml"].startswith("GSM8K with Qwen")
     target = cli.run(["recipes", "--copy", str(tmp_path / "my-recipes")])
     assert {p.relative_to(target).as_posix() for p in target.glob("**/*.yaml")} == shipped
-    _, args, _, _ = cli.parse("dapo", ["--config", str(target / "dapo/qwen2.5-1.5b-gsm8k.yaml"), *CPU])
-    assert type(args).__name__ == "DAPOConfig"
+    _, args, _, _ = cli.parse("scalerl", ["--config", str(target / "gsm8k/qwen2.5-1.5b.yaml"), *CPU])
+    assert type(args).__name__ == "ScaleRLConfig"
     with pytest.raises(SystemExit, match="exists and is not empty"):
         cli.run(["recipes", "--copy", str(target)])

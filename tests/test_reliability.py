@@ -35,6 +35,7 @@ from conftest import (
     logged_metric,
     make_prompts,
     message_text,
+    preset_id,
 )
 from datasets import Dataset, IterableDataset
 from transformers import AutoTokenizer, TrainerCallback
@@ -48,7 +49,7 @@ from trl_reasoning.trainer.checkpoints import SAMPLING_STATE_FILE
 DOC = Path(__file__).parents[1] / "docs" / "RELIABILITY.md"
 SECRET = "hf_SECRET123"
 
-PRESETS = ["DAPO", "CISPO", "DPPO", "MaxRL", "RLOO", "DrGRPO", "ScaleRL"]
+PRESETS = [preset_id(entry) for entry in tr.PRESETS]  # "DAPO", ..., "DrGRPO": the ids the doc's rows cite
 CONFIG_CLASSES = [tr.ReasoningConfig] + [getattr(tr, f"{name}Config") for name in PRESETS]
 
 

@@ -4,12 +4,13 @@ Every subcommand parses with TRL's ``TrlParser``: a ``--config recipe.yaml`` set
 every field of the dataclasses involved is settable either way (``--help`` lists them with their defaults, which for
 an algorithm are its paper's)::
 
-    trl-reasoning dapo --config recipes/dapo/qwen2.5-1.5b-gsm8k.yaml --learning_rate 5e-7
+    trl-reasoning dapo --config recipes/gsm8k/qwen2.5-1.5b.yaml --learning_rate 5e-7
     trl-reasoning demo --algorithm cispo
     trl-reasoning eval --model_name_or_path ./run --task gsm8k --num_samples 16 --ks 1 8 16
 
-The algorithm subcommands come from ``PRESETS`` (module, config class, trainer class), imported lazily; a preset
-whose module is missing from the installed version is left out rather than breaking the CLI.
+The algorithm subcommands are the presets of ``trl_reasoning.presets.PRESETS`` (each named as its module: ``dapo``,
+``dr_grpo``, ...) and ``reasoning``, the base trainer with no algorithm field set (TRL's GRPO). A recipe names no
+algorithm: the subcommand chooses it, and ``{preset}`` in the recipe's ``output_dir`` becomes the subcommand's name.
 """
 
 from __future__ import annotations
@@ -27,18 +28,14 @@ from typing import Any
 from trl import ScriptArguments
 
 from .models.pretrained import BUILTIN_MODELS, SMOLLM2_NAME, PretrainedModelError, resolve_model_path
+from .presets import PRESETS
+from .trainer.base import ReasoningConfig, ReasoningTrainer
 from .utils.threads import torch_threads
 
-#: Subcommand -> (module, config class, trainer class).
-PRESETS: dict[str, tuple[str, str, str]] = {
-    "dapo": ("trl_reasoning.presets.dapo", "DAPOConfig", "DAPOTrainer"),
-    "cispo": ("trl_reasoning.presets.cispo", "CISPOConfig", "CISPOTrainer"),
-    "dppo": ("trl_reasoning.presets.dppo", "DPPOConfig", "DPPOTrainer"),
-    "maxrl": ("trl_reasoning.presets.maxrl", "MaxRLConfig", "MaxRLTrainer"),
-    "rloo": ("trl_reasoning.presets.rloo", "RLOOConfig", "RLOOTrainer"),
-    "dr_grpo": ("trl_reasoning.presets.dr_grpo", "DrGRPOConfig", "DrGRPOTrainer"),
-    "scalerl": ("trl_reasoning.presets.scalerl", "ScaleRLConfig", "ScaleRLTrainer"),
-    "reasoning": ("trl_reasoning.trainer.base", "ReasoningConfig", "ReasoningTrainer"),
+#: Algorithm subcommand -> (config class, trainer class): every preset, then the base trainer.
+TRAINERS: dict[str, tuple[type, type]] = {
+    **{entry.name: (entry.config_class, entry.trainer_class) for entry in PRESETS},
+    "reasoning": (ReasoningConfig, ReasoningTrainer),
 }
 #: Embedded tasks: `--task NAME` sets the dataset, its formatting and the default reward.
 TASKS = ("reverse", "gsm8k", "arithmetic")
@@ -72,31 +69,15 @@ _GSM8K = ("openai/gsm8k", "main")
 
 
 def available_presets() -> list[str]:
-    """The algorithm subcommands whose module is importable in this installation."""
-    names = []
-    for name, (module, config, trainer) in PRESETS.items():
-        try:
-            imported = importlib.import_module(module)
-        except ImportError:
-            continue
-        if hasattr(imported, config) and hasattr(imported, trainer):
-            names.append(name)
-    return names
+    """The algorithm subcommands: every preset's name, then ``reasoning``."""
+    return list(TRAINERS)
 
 
 def load_preset(name: str) -> tuple[type, type]:
     """The `(config class, trainer class)` of an algorithm subcommand; an unknown name lists the available ones."""
-    if name not in PRESETS:
-        raise ValueError(f"Unknown algorithm {name!r}. Available: {', '.join(available_presets())}.")
-    module, config, trainer = PRESETS[name]
-    try:
-        imported = importlib.import_module(module)
-        return getattr(imported, config), getattr(imported, trainer)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(
-            f"Algorithm {name!r} needs {module}.{config}, which this installation of trl-reasoning does not have "
-            f"({error}). Available: {', '.join(available_presets())}."
-        ) from error
+    if name not in TRAINERS:
+        raise ValueError(f"Unknown algorithm {name!r}. Available: {', '.join(TRAINERS)}.")
+    return TRAINERS[name]
 
 
 def resolve_reward_funcs(names: Sequence[str]) -> list[Callable]:
@@ -417,7 +398,21 @@ def parse(command: str, argv: Sequence[str]) -> tuple:
         parser = make_parser("demo", defaults)
     else:
         parser = make_parser(command)
-    return parser.parse_args_and_config(argv)
+    parsed = parser.parse_args_and_config(argv)
+    if command not in ("demo", "eval"):
+        _, training_args, *_ = parsed
+        training_args.output_dir = fill_preset_name(training_args.output_dir, command)
+    return parsed
+
+
+#: Written in a recipe's `output_dir`, becomes the algorithm subcommand's name, so one recipe serves every preset
+#: (`output_dir: outputs/qwen2.5-1.5b-gsm8k-{preset}` trains `dapo` into `outputs/qwen2.5-1.5b-gsm8k-dapo`).
+PRESET_PLACEHOLDER = "{preset}"
+
+
+def fill_preset_name(output_dir: str | None, command: str) -> str | None:
+    """`output_dir` with every `{preset}` replaced by the subcommand's name (`dapo`, `reasoning`, ...)."""
+    return output_dir.replace(PRESET_PLACEHOLDER, command) if output_dir else output_dir
 
 
 def train(data_args: DataArguments, training_args, model_args, trainer_class: type, mixture=None):
@@ -556,12 +551,14 @@ def evaluate(eval_args: EvalArguments) -> dict[str, float]:
 
 
 def _usage() -> str:
-    presets = available_presets()
     lines = [
         "usage: trl-reasoning <command> [--config recipe.yaml] [--field value ...]",
         "",
         "commands:",
-        *[f"  {name:<10} train with {PRESETS[name][2]} ({PRESETS[name][1]})" for name in presets],
+        *[
+            f"  {name:<10} train with {trainer.__name__} ({config.__name__})"
+            for name, (config, trainer) in TRAINERS.items()
+        ],
         "  demo       the offline demo: warm start, RL, before/after table, curves, model card",
         "  eval       pass@k of a saved model on a dataset with a reward function",
         "  recipes    list the shipped recipes (YAML); --copy DIR copies them",
@@ -603,7 +600,9 @@ def recipes_command(argv: list[str]) -> list[tuple[str, str]] | Path:
         if target.exists() and any(target.iterdir()):
             raise SystemExit(f"trl-reasoning recipes: {target} exists and is not empty; choose a new folder.")
         shutil.copytree(recipes_dir(), target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
-        print(f"Copied the recipes to {target}. Train with: trl-reasoning dapo --config {target}/dapo/<recipe>.yaml")
+        print(
+            f"Copied the recipes to {target}. Train with: trl-reasoning <preset> --config {target}/<task>/<recipe>.yaml"
+        )
         return target
     recipes = list_recipes()
     width = max(len(name) for name, _ in recipes)
@@ -690,7 +689,7 @@ def run(argv: Sequence[str] | None = None) -> Any:
         return recipes_command(rest)
     if command == "model":
         return model_command(rest)
-    if command not in ("demo", "eval") and command not in PRESETS:
+    if command not in ("demo", "eval") and command not in TRAINERS:
         print(_usage(), file=sys.stderr)
         raise SystemExit(f"trl-reasoning: unknown command {command!r}.")
     if command == "demo":

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_reasoning import cli
+from trl_reasoning import PRESETS, ReasoningConfig, ReasoningTrainer, cli
 from trl_reasoning.rewards.math_answers import math_answer_reward
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,23 +16,31 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_usage_lists_every_preset(capsys):
     cli.run([])
     out = capsys.readouterr().out
-    for name in ("dapo", "cispo", "dppo", "maxrl", "rloo", "dr_grpo", "demo", "eval"):
+    for name in [entry.name for entry in PRESETS] + ["reasoning", "demo", "eval", "recipes", "model"]:
         assert f"  {name} " in out
-    assert set(cli.available_presets()) >= {"dapo", "cispo", "dppo", "maxrl", "rloo", "dr_grpo", "reasoning"}
+    for entry in PRESETS:
+        assert f"train with {entry.trainer_class.__name__} ({entry.config_class.__name__})" in out
+
+
+def test_the_algorithm_subcommands_are_the_presets_and_the_base_trainer():
+    assert cli.available_presets() == [entry.name for entry in PRESETS] + ["reasoning"]
+    for entry in PRESETS:
+        assert cli.load_preset(entry.name) == (entry.config_class, entry.trainer_class)
+    assert cli.load_preset("reasoning") == (ReasoningConfig, ReasoningTrainer)
 
 
 def test_unknown_command_and_algorithm():
     with pytest.raises(SystemExit, match="unknown command 'ppo'"):
         cli.run(["ppo"])
-    with pytest.raises(ValueError, match="Unknown algorithm 'ppo'. Available: dapo"):
+    with pytest.raises(ValueError, match="Unknown algorithm 'ppo'. Available: dapo, cispo, .*, reasoning."):
         cli.load_preset("ppo")
 
 
-def test_missing_preset_module_is_left_out(monkeypatch):
-    monkeypatch.setitem(cli.PRESETS, "future", ("trl_reasoning.not_yet_here", "FutureConfig", "FutureTrainer"))
-    assert "future" not in cli.available_presets()
-    with pytest.raises(ValueError, match="needs trl_reasoning.not_yet_here.FutureConfig"):
-        cli.load_preset("future")
+def test_preset_placeholder_in_output_dir_becomes_the_subcommand():
+    _, args, _, _ = cli.parse("dr_grpo", ["--output_dir", "runs/{preset}/x-{preset}", "--use_cpu", "true"])
+    assert args.output_dir == "runs/dr_grpo/x-dr_grpo"
+    _, args, _, _ = cli.parse("reasoning", ["--output_dir", "runs/plain", "--use_cpu", "true"])
+    assert args.output_dir == "runs/plain"
 
 
 def test_help_lists_the_algorithm_fields_with_paper_defaults(capsys):
@@ -82,7 +90,7 @@ def test_algorithm_subcommand_trains_saves_and_evaluates(tiny_model_path, tmp_pa
         [
             "dapo",
             "--config",
-            str(ROOT / "recipes/dapo/tiny-reverse-cpu.yaml"),
+            str(ROOT / "recipes/reverse/tiny-cpu.yaml"),
             "--model_name_or_path",
             tiny_model_path,
             "--output_dir",

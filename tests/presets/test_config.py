@@ -3,14 +3,12 @@ construction with a message naming the field and the allowed values."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from conftest import cpu_args, digit_fraction
 from trl import GRPOConfig
 
 import trl_reasoning as tr
-from trl_reasoning.config import preset_default, preset_sources, sources_markdown
+from trl_reasoning.config import preset_default, preset_sources
 
 # (config class) -> {field: (default, where it comes from)}: ALGORITHMS.md v2 ("The trainers"), the papers and the
 # authors' code. The source column is checked too: the preset's recorded source must cite the same place.
@@ -119,15 +117,8 @@ def test_presets_resolve_to_paper_defaults(config_cls):
         assert getattr(config, name) == value, f"{config_cls.__name__}.{name}"
 
 
-def test_the_documented_table_of_sources_is_generated_from_the_presets():
-    root = Path(__file__).parents[2]
-    documents = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
-    holding = [path for path in documents if "<!-- preset-sources:start -->" in path.read_text()]
-    assert len(holding) == 1, f"the table of sources should be in exactly one document, found in {holding}"
-    (document,) = holding
-    block = document.read_text().split("<!-- preset-sources:start -->\n")[1].split("<!-- preset-sources:end -->")[0]
-    expected = sources_markdown(list(PRESET_DEFAULTS))
-    assert block == expected, f"run `python scripts/sources_table.py` into {document.relative_to(root)}"
+def test_every_preset_has_its_expected_defaults_here():
+    assert list(PRESET_DEFAULTS) == [entry.config_class for entry in tr.PRESETS], "PRESET_DEFAULTS misses a preset"
 
 
 def test_a_preset_default_without_a_source_is_refused():

@@ -12,6 +12,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from trl import GRPOTrainer
 
+import trl_reasoning as tr
 from trl_reasoning.trainer import base as seam
 
 
@@ -127,8 +128,7 @@ def _trainer_without_init(trainer_class):
     return trainer
 
 
-_PRESET_TRAINERS = ["ReasoningTrainer", "DAPOTrainer", "CISPOTrainer", "DPPOTrainer", "MaxRLTrainer", "RLOOTrainer"]
-_PRESET_TRAINERS += ["DrGRPOTrainer", "ScaleRLTrainer"]
+_PRESET_TRAINERS = ["ReasoningTrainer", *(entry.trainer_class.__name__ for entry in tr.PRESETS)]
 
 
 @pytest.mark.parametrize("trainer_name", _PRESET_TRAINERS)
