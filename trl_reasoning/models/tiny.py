@@ -13,6 +13,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from ..utils.checkpointing import CHECKPOINTING_FIELD
 from .loading import has_generic_tokenizer, load_tokenizer  # noqa: F401  (moved; kept importable from here)
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
@@ -87,9 +88,11 @@ def cpu_config_kwargs(**overrides) -> dict:
         use_cpu=True,
         bf16=False,
         report_to="none",
-        gradient_checkpointing=False,
         save_strategy="no",
         disable_tqdm=True,
     )
+    # Off under the installed transformers' name (the old one warns); a caller's own setting, under either, wins.
+    if not {"activation_checkpointing", "gradient_checkpointing"} & set(overrides):
+        kwargs[CHECKPOINTING_FIELD] = False
     kwargs.update(overrides)
     return kwargs

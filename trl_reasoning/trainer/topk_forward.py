@@ -26,7 +26,6 @@ from collections.abc import Callable
 import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
-from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
 from ..algorithms.logprobs import (
@@ -39,6 +38,7 @@ from ..algorithms.logprobs import (
 )
 from ..algorithms.losses import required_inputs
 from ..algorithms.truncation import SamplingTruncation
+from ..utils.checkpointing import activation_checkpointing_disabled
 from ..utils.user_warnings import user_stacklevel
 
 # Per-row multimodal/auxiliary inputs that TRL forwards to the model in the loss.
@@ -290,7 +290,7 @@ class TopKForwardMixin:
         batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         ids, logps = [], []
         sharded_head = self._sharded_lm_head(self.model) if self._lm_head_from_hidden else None
-        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+        with activation_checkpointing_disabled(self.model, self.args.gradient_checkpointing_kwargs):
             for start in range(0, input_ids.size(0), batch_size):
                 rows = slice(start, start + batch_size)
                 chunk = self._rollout_topk_rows(
