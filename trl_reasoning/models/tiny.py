@@ -82,8 +82,12 @@ def save_tiny_model(path: str | Path, seed: int = 0, **model_kwargs) -> Path:
 
 
 def cpu_config_kwargs(**overrides) -> dict:
-    """Config arguments that make a TRL/trl-reasoning config train a tiny model on a CPU: fp32, no gradient
-    checkpointing (TRL turns it on by default), no reporting, no checkpoints, no progress bar."""
+    """Config arguments that make a TRL/trl-reasoning config train a tiny model on a CPU: fp32, no activation
+    checkpointing (TRL turns it on by default), no reporting, no checkpoints, no progress bar.
+
+    Checkpointing is set under the installed transformers' name (``activation_checkpointing``; the old
+    ``gradient_checkpointing`` warns). To turn it on, pass either name through ``overrides``: next to these
+    arguments, ``gradient_checkpointing=True`` would lose to ``activation_checkpointing=False``."""
     kwargs = dict(
         use_cpu=True,
         bf16=False,
