@@ -53,16 +53,13 @@ def arm_settings(arm: str) -> tuple[int, dict]:
     return threads, {"async_rollouts": True, "max_staleness": int(k), "async_generator": generator}
 
 
-def worker(model: str, arm: str, seed: int, steps: int, warmup: int, preset: str = "DAPO") -> dict:
-    import torch
+def _workload(model: str, output_dir: str) -> tuple[str, dict, dict]:
+    """``(model path, config values, trainer arguments)`` of the real model's (LoRA, arithmetic) or the tiny model's
+    workload."""
     from datasets import Dataset
-    from transformers import TrainerCallback
 
     from trl_reasoning.models.tiny import cpu_config_kwargs
 
-    threads, overrides = arm_settings(arm)
-    torch.set_num_threads(threads)
-    output_dir = tempfile.mkdtemp()
     if model == "real":
         from peft import LoraConfig
         from transformers import AutoTokenizer
@@ -95,11 +92,13 @@ def worker(model: str, arm: str, seed: int, steps: int, warmup: int, preset: str
         }
         prompts = [{"prompt": [{"role": "user", "content": f"{i}+{i * 7 % 10}="}]} for i in range(64)]
         extra = dict(reward_funcs=digit_reward, train_dataset=Dataset.from_list(prompts))
-    settings.update(output_dir=output_dir, max_steps=warmup + steps, seed=seed, logging_steps=1, report_to="none")
-    settings.update(overrides)
-    config_class, trainer_class = trainer_classes(preset)
-    args = config_class(**settings)
-    trainer = trainer_class(model=path, args=args, **extra)
+    return path, settings, extra
+
+
+def _instrumented(trainer) -> tuple:
+    """A callback timing the ends of the trainer's steps, and the list of seconds each training step spent in the
+    trainer's ``_generate`` (sampling, or the wait for it), which it wraps."""
+    from transformers import TrainerCallback
 
     class Clock(TrainerCallback):
         def __init__(self):
@@ -122,6 +121,23 @@ def worker(model: str, arm: str, seed: int, steps: int, warmup: int, preset: str
                 generating.append(time.perf_counter() - started)
 
     trainer._generate = timed
+    return clock, generating
+
+
+def worker(model: str, arm: str, seed: int, steps: int, warmup: int, preset: str = "DAPO") -> dict:
+    import torch
+
+    threads, overrides = arm_settings(arm)
+    torch.set_num_threads(threads)
+    output_dir = tempfile.mkdtemp()
+    path, settings, extra = _workload(model, output_dir)
+    settings.update(output_dir=output_dir, max_steps=warmup + steps, seed=seed, logging_steps=1, report_to="none")
+    settings.update(overrides)
+    config_class, trainer_class = trainer_classes(preset)
+    args = config_class(**settings)
+    trainer = trainer_class(model=path, args=args, **extra)
+
+    clock, generating = _instrumented(trainer)
     trainer.train()
     history = [entry for entry in trainer.state.log_history if "loss" in entry]
     measured = history[warmup:]

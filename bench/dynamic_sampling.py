@@ -42,6 +42,40 @@ MODES = {
 }
 
 
+def _summary(log_history: list[dict], args, dynamic: bool, wall: float) -> dict[str, float]:
+    """Medians over the logged steps of a run: generation rounds, groups generated, kept and trained on, tokens per
+    trained group, zero-variance groups; the last rewards, the round cap hits and the wall time."""
+    logs = [entry for entry in log_history if "loss" in entry]
+    zero_variance = [entry["frac_reward_zero_std"] for entry in logs]
+    groups_per_batch = args.generation_batch_size // args.num_generations
+    if dynamic:
+        rounds = [entry["group_selection/generation_rounds"] for entry in logs]
+        generated = [entry["group_selection/groups_generated"] for entry in logs]
+        kept = [entry["group_selection/groups_kept"] / entry["group_selection/groups_generated"] for entry in logs]
+        training = [entry["group_selection/groups_kept"] for entry in logs]
+        per_group = [entry["group_selection/tokens_per_trained_group"] for entry in logs]
+        cap = sum(entry["group_selection/round_cap_hit"] for entry in logs)
+    else:  # one round; the groups that carry a gradient are the informative ones
+        rounds, generated = [1.0] * len(logs), [float(groups_per_batch)] * len(logs)
+        kept = [1.0 - z for z in zero_variance]
+        training = [groups_per_batch * k for k in kept]
+        tokens = [entry["completions/mean_length"] * args.generation_batch_size for entry in logs]
+        per_group = [t / max(g, 1e-9) for t, g in zip(tokens, training)]
+        cap = 0.0
+    return {
+        "rounds_median": statistics.median(rounds),
+        "rounds_max": max(rounds),
+        "generated_median": statistics.median(generated),
+        "kept_fraction_median": statistics.median(kept),
+        "training_groups_median": statistics.median(training),
+        "tokens_per_group_median": statistics.median(per_group),
+        "zero_variance_median": statistics.median(zero_variance),
+        "reward_last5": statistics.mean(entry["reward"] for entry in logs[-5:]),
+        "cap_hits": cap,
+        "wall_s": wall,
+    }
+
+
 def run(
     model_path: str,
     dynamic: bool,
@@ -79,35 +113,7 @@ def run(
         torch.manual_seed(0)
         trainer.train()
     wall = time.perf_counter() - start
-    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
-    zero_variance = [entry["frac_reward_zero_std"] for entry in logs]
-    groups_per_batch = args.generation_batch_size // args.num_generations
-    if dynamic:
-        rounds = [entry["group_selection/generation_rounds"] for entry in logs]
-        generated = [entry["group_selection/groups_generated"] for entry in logs]
-        kept = [entry["group_selection/groups_kept"] / entry["group_selection/groups_generated"] for entry in logs]
-        training = [entry["group_selection/groups_kept"] for entry in logs]
-        per_group = [entry["group_selection/tokens_per_trained_group"] for entry in logs]
-        cap = sum(entry["group_selection/round_cap_hit"] for entry in logs)
-    else:  # one round; the groups that carry a gradient are the informative ones
-        rounds, generated = [1.0] * len(logs), [float(groups_per_batch)] * len(logs)
-        kept = [1.0 - z for z in zero_variance]
-        training = [groups_per_batch * k for k in kept]
-        tokens = [entry["completions/mean_length"] * args.generation_batch_size for entry in logs]
-        per_group = [t / max(g, 1e-9) for t, g in zip(tokens, training)]
-        cap = 0.0
-    return {
-        "rounds_median": statistics.median(rounds),
-        "rounds_max": max(rounds),
-        "generated_median": statistics.median(generated),
-        "kept_fraction_median": statistics.median(kept),
-        "training_groups_median": statistics.median(training),
-        "tokens_per_group_median": statistics.median(per_group),
-        "zero_variance_median": statistics.median(zero_variance),
-        "reward_last5": statistics.mean(entry["reward"] for entry in logs[-5:]),
-        "cap_hits": cap,
-        "wall_s": wall,
-    }
+    return _summary(trainer.state.log_history, args, dynamic, wall)
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -123,6 +123,68 @@ def _key(claim: str, arm: str, seed: int, budget: int) -> str:
     return f"{claim}/{arm}/{seed}/{budget}"
 
 
+def _run_settings(job: dict, cpu_settings: dict) -> dict:
+    """The config values every arm shares (the real model's measured CPU settings; the token budget, not
+    ``max_steps``, ends a run), before the arm's own."""
+    settings = {
+        **cpu_settings,
+        "output_dir": job["output_dir"],
+        "per_device_train_batch_size": 16,
+        "num_generations": 8,
+        "max_completion_length": 16,
+        "learning_rate": 2e-4,
+        "lr_scheduler_type": "constant",
+        "max_steps": 10_000,  # the token budget stops the run
+        "logging_steps": 1,
+        "temperature": 1.0,
+        "top_k": 0,
+        "seed": job["seed"],
+        "log_level": "error",
+    }
+    return settings
+
+
+def _clipped_fractions(job: dict, history: list[dict]) -> list[float]:
+    """Per logged step, the fraction of tokens the arm's objective clips or masks (DPPO's masked fractions, both
+    signs, in the stale-DPPO claim)."""
+    clipped = [
+        entry.get("clip_ratio/region_mean", entry.get("clip_ratio/high_mean", entry.get("dppo/masked_frac_pos_adv")))
+        for entry in history
+    ]
+    clipped = [c for c in clipped if c is not None]
+    if job["claim"] == "stale_dppo" and job["arm"] == "dppo":
+        clipped = [e.get("dppo/masked_frac_pos_adv", 0.0) + e.get("dppo/masked_frac_neg_adv", 0.0) for e in history]
+    return clipped
+
+
+def _trainer_within_budget(job: dict, args, path, tokenizer, task, reward, tokens: dict):
+    """The LoRA trainer of one run, stopped at the step where the generated tokens reach ``job["budget"]``."""
+    import transformers
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    from trl_reasoning import ReasoningTrainer
+
+    trainer = ReasoningTrainer(
+        model=AutoModelForCausalLM.from_pretrained(path),
+        reward_funcs=reward,
+        args=args,
+        train_dataset=Dataset.from_list(task.rl_rows("train")),
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
+    )
+    trainer.remove_callback(transformers.PrinterCallback)
+
+    class Budget(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if tokens["generated"] >= job["budget"]:
+                control.should_training_stop = True
+
+    trainer.add_callback(Budget())
+    return trainer
+
+
 def run_one(job: dict) -> dict:
     """One training run and its held-out measurement (in a fresh process, see ``main``'s ``--worker``)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -130,11 +192,8 @@ def run_one(job: dict) -> dict:
     import datasets
     import torch
     import transformers
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, TrainerCallback
 
-    from trl_reasoning import ReasoningConfig, ReasoningTrainer
+    from trl_reasoning import ReasoningConfig
     from trl_reasoning.models.loading import load_tokenizer
     from trl_reasoning.models.pretrained import smollm2_path
     from trl_reasoning.models.tiny import cpu_config_kwargs
@@ -152,40 +211,11 @@ def run_one(job: dict) -> dict:
         return last_number_reward(completions, answer)
 
     reward.__name__ = "last_number_reward"
-    settings = {
-        **cpu_config_kwargs(),
-        "output_dir": job["output_dir"],
-        "per_device_train_batch_size": 16,
-        "num_generations": 8,
-        "max_completion_length": 16,
-        "learning_rate": 2e-4,
-        "lr_scheduler_type": "constant",
-        "max_steps": 10_000,  # the token budget stops the run
-        "logging_steps": 1,
-        "temperature": 1.0,
-        "top_k": 0,
-        "seed": job["seed"],
-        "log_level": "error",
-    }
+    settings = _run_settings(job, cpu_config_kwargs())
     settings.update(CLAIMS[job["claim"]]["arms"][job["arm"]])
     args = ReasoningConfig(**settings)
     tokenizer = load_tokenizer(path)
-    trainer = ReasoningTrainer(
-        model=AutoModelForCausalLM.from_pretrained(path),
-        reward_funcs=reward,
-        args=args,
-        train_dataset=Dataset.from_list(task.rl_rows("train")),
-        processing_class=tokenizer,
-        peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
-    )
-    trainer.remove_callback(transformers.PrinterCallback)
-
-    class Budget(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if tokens["generated"] >= job["budget"]:
-                control.should_training_stop = True
-
-    trainer.add_callback(Budget())
+    trainer = _trainer_within_budget(job, args, path, tokenizer, task, reward, tokens)
     started = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - started
@@ -193,13 +223,7 @@ def run_one(job: dict) -> dict:
         trainer.model, tokenizer, task.rl_rows("test"), args.max_completion_length, last_number
     )
     history = [entry for entry in trainer.state.log_history if "loss" in entry]
-    clipped = [
-        entry.get("clip_ratio/region_mean", entry.get("clip_ratio/high_mean", entry.get("dppo/masked_frac_pos_adv")))
-        for entry in history
-    ]
-    clipped = [c for c in clipped if c is not None]
-    if job["claim"] == "stale_dppo" and job["arm"] == "dppo":
-        clipped = [e.get("dppo/masked_frac_pos_adv", 0.0) + e.get("dppo/masked_frac_neg_adv", 0.0) for e in history]
+    clipped = _clipped_fractions(job, history)
     rewards = [entry["reward"] for entry in history if "reward" in entry]
     return {
         **job,

@@ -64,6 +64,19 @@ def lengths_by_correctness(model, tokenizer, rows, num_samples: int, max_new_tok
     return mean(correct), mean(incorrect)
 
 
+def _accuracy_points(log_history: list[dict], curve_history: list[dict], before: dict, after: dict, global_step: int):
+    """``(step, tokens trained on, held-out accuracy)`` before training, at each evaluation and after the last step."""
+    tokens = {e["step"]: e["num_tokens"] for e in log_history if "num_tokens" in e}
+    points = [(0, 0.0, before["accuracy"])]
+    for entry in curve_history:
+        step = entry["step"]
+        points.append((step, tokens.get(step, float("nan")), entry["eval_pass_at_k/accuracy"]))
+    if points[-1][0] != global_step:
+        last = max(tokens) if tokens else global_step
+        points.append((global_step, tokens.get(last, float("nan")), after["accuracy"]))
+    return points
+
+
 def run_one(method: str, seed: int, steps: int, eval_every: int, model_dir: str, task, quick: bool) -> dict:
     import torch
     import transformers
@@ -113,14 +126,7 @@ def run_one(method: str, seed: int, steps: int, eval_every: int, model_dir: str,
     correct_len, incorrect_len = lengths_by_correctness(
         trainer.model, tokenizer, task.rl_rows("test"), samples, args.max_completion_length
     )
-    tokens = {e["step"]: e["num_tokens"] for e in trainer.state.log_history if "num_tokens" in e}
-    points = [(0, 0.0, before["accuracy"])]
-    for entry in curve.history:
-        step = entry["step"]
-        points.append((step, tokens.get(step, float("nan")), entry["eval_pass_at_k/accuracy"]))
-    if points[-1][0] != trainer.state.global_step:
-        last = max(tokens) if tokens else trainer.state.global_step
-        points.append((trainer.state.global_step, tokens.get(last, float("nan")), after["accuracy"]))
+    points = _accuracy_points(trainer.state.log_history, curve.history, before, after, trainer.state.global_step)
     return {
         "points": points,
         "pass_at_k": [after[f"pass@{k}"] for k in ks],

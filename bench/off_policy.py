@@ -87,11 +87,34 @@ def hashed_reward(completions, **kwargs) -> list[float]:
     return [float(hashlib.sha256(str(c).encode()).digest()[0] % 2) for c in completions]
 
 
+def _step_clock(trainer):
+    """A callback, added to ``trainer``, that records each step's seconds and its forward passes of the model."""
+    from transformers import TrainerCallback
+
+    forwards = [0]
+    trainer.model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+
+    class StepClock(TrainerCallback):
+        seconds: list[float] = []
+        forwards: list[int] = []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.started, self.forwards_before = time.perf_counter(), forwards[0]
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.seconds.append(time.perf_counter() - self.started)
+            self.forwards.append(forwards[0] - self.forwards_before)
+
+    clock = StepClock()
+    trainer.add_callback(clock)
+    return clock
+
+
 def worker(arm: str, seed: int, steps: int, warmup: int, length: int, num_threads: int | None) -> dict:
     import trl.trainer.grpo_trainer as trl_grpo
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     import trl_reasoning as tr
@@ -134,22 +157,7 @@ def worker(arm: str, seed: int, steps: int, warmup: int, length: int, num_thread
         processing_class=AutoTokenizer.from_pretrained(path),
         peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
     )
-    forwards = [0]
-    trainer.model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
-
-    class StepClock(TrainerCallback):
-        seconds: list[float] = []
-        forwards: list[int] = []
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self.started, self.forwards_before = time.perf_counter(), forwards[0]
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.seconds.append(time.perf_counter() - self.started)
-            self.forwards.append(forwards[0] - self.forwards_before)
-
-    clock = StepClock()
-    trainer.add_callback(clock)
+    clock = _step_clock(trainer)
     trainer.train()
     return {
         "arm": arm,

@@ -250,7 +250,8 @@ def paired_logs(ours: list[list[float]], theirs: list[list[float]]) -> list[list
     return [[math.log(a / b) for a, b in zip(x, y, strict=True)] for x, y in zip(ours, theirs, strict=True)]
 
 
-def main(argv: list[str] | None = None) -> str:
+def _parse_options(argv: list[str] | None) -> argparse.Namespace:
+    """The command line of :func:`main`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=4, help="fresh trainer pairs per row")
     parser.add_argument("--steps", type=int, default=40, help="measured steps per side and session")
@@ -264,7 +265,60 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--quick", action="store_true", help="2 short sessions, small model, DAPO: checks it runs")
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=2, metavar=("ROW", "SIDE"), help=argparse.SUPPRESS)
-    options = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def _table_header(options, malloc: str) -> list[str]:
+    """The description of the measurement and the table's header rows."""
+    return [
+        f"Overhead vs TRL: Qwen2 2x128, vocab {options.vocab}, 8 completions x {options.length} tokens per step, one "
+        f"process, {torch.get_num_threads()} torch thread(s), {malloc}. Per row: {options.sessions} sessions (a fresh "
+        f"pair of trainers each) in which both sides train in turns of {options.block_steps} step(s), "
+        f"{options.steps} measured steps per side and session after {options.warmup} left out. Ratio ours / TRL: "
+        "geometric mean of the paired per-step ratios [95% two-stage bootstrap interval]; s/step: medians."
+        + (
+            " Peak MiB: resident memory during train() above the level before it, one fresh process per side with "
+            "glibc's default settings."
+            if options.memory
+            else ""
+        ),
+        "",
+        "| trainer | TRL counterpart | wall s/step ours | wall s/step TRL | wall ratio [95% CI] | CPU ratio [95% CI] "
+        "| verdict (wall) |" + (" peak MiB ours | peak MiB TRL |" if options.memory else ""),
+        "|---|---|---|---|---|---|---|" + ("---|---|" if options.memory else ""),
+    ]
+
+
+def _row_line(row: str, options, system_malloc_env: dict) -> str:
+    """One table row: the paired per-step ratios of ``row`` with their intervals (and peak memory with --memory)."""
+    times = measure_row(row, options)
+    wall = ratio_interval(paired_logs(times["wall"]["ours"], times["wall"]["trl"]))
+    cpu = ratio_interval(paired_logs(times["cpu"]["ours"], times["cpu"]["trl"]))
+    median = {side: statistics.median(t for session in times["wall"][side] for t in session) for side in times["wall"]}
+    _, _, theirs, their_overrides, _ = PAIRS[row]
+    counterpart = f"{theirs}Trainer " + ", ".join(f"{k}={v}" for k, v in their_overrides.items())
+    line = (
+        f"| {row.split(' vs ')[0]} | {counterpart} | {median['ours']:.4f} | {median['trl']:.4f} | "
+        f"{wall[0]:.3f} [{wall[1]:.3f}, {wall[2]:.3f}] | {cpu[0]:.3f} [{cpu[1]:.3f}, {cpu[2]:.3f}] | "
+        f"{verdict(row, wall)} |"
+    )
+    if options.memory:
+        peaks = {
+            side: run_worker(
+                os.path.abspath(__file__),
+                ["--worker", row, side, "--warmup", str(options.warmup), "--vocab", str(options.vocab)]
+                + ["--length", str(options.length)],
+                in_process=main if options.quick else None,
+                env=system_malloc_env,
+            )["peak_mib"]
+            for side in ("ours", "trl")
+        }
+        line += f" {peaks['ours']:.0f} | {peaks['trl']:.0f} |"
+    return line
+
+
+def main(argv: list[str] | None = None) -> str:
+    options = _parse_options(argv)
     if options.quick:
         options.sessions, options.steps, options.warmup, options.vocab, options.length = 2, 2, 1, 512, 16
         if options.rows == list(PAIRS):
@@ -286,51 +340,11 @@ def main(argv: list[str] | None = None) -> str:
         if all(os.environ.get(k) == v for k, v in CACHING_MALLOC.items())
         else "glibc malloc, default settings"
     )
-    lines = [
-        f"Overhead vs TRL: Qwen2 2x128, vocab {options.vocab}, 8 completions x {options.length} tokens per step, one "
-        f"process, {torch.get_num_threads()} torch thread(s), {malloc}. Per row: {options.sessions} sessions (a fresh "
-        f"pair of trainers each) in which both sides train in turns of {options.block_steps} step(s), "
-        f"{options.steps} measured steps per side and session after {options.warmup} left out. Ratio ours / TRL: "
-        "geometric mean of the paired per-step ratios [95% two-stage bootstrap interval]; s/step: medians."
-        + (
-            " Peak MiB: resident memory during train() above the level before it, one fresh process per side with "
-            "glibc's default settings."
-            if options.memory
-            else ""
-        ),
-        "",
-        "| trainer | TRL counterpart | wall s/step ours | wall s/step TRL | wall ratio [95% CI] | CPU ratio [95% CI] "
-        "| verdict (wall) |" + (" peak MiB ours | peak MiB TRL |" if options.memory else ""),
-        "|---|---|---|---|---|---|---|" + ("---|---|" if options.memory else ""),
-    ]
+    lines = _table_header(options, malloc)
     # Peak memory with glibc's own settings: with freed memory kept, the peak would also count heap fragmentation.
     system_malloc_env = {key: value for key, value in os.environ.items() if key not in CACHING_MALLOC}
     for row in options.rows:
-        times = measure_row(row, options)
-        wall = ratio_interval(paired_logs(times["wall"]["ours"], times["wall"]["trl"]))
-        cpu = ratio_interval(paired_logs(times["cpu"]["ours"], times["cpu"]["trl"]))
-        median = {
-            side: statistics.median(t for session in times["wall"][side] for t in session) for side in times["wall"]
-        }
-        _, _, theirs, their_overrides, _ = PAIRS[row]
-        counterpart = f"{theirs}Trainer " + ", ".join(f"{k}={v}" for k, v in their_overrides.items())
-        line = (
-            f"| {row.split(' vs ')[0]} | {counterpart} | {median['ours']:.4f} | {median['trl']:.4f} | "
-            f"{wall[0]:.3f} [{wall[1]:.3f}, {wall[2]:.3f}] | {cpu[0]:.3f} [{cpu[1]:.3f}, {cpu[2]:.3f}] | "
-            f"{verdict(row, wall)} |"
-        )
-        if options.memory:
-            peaks = {
-                side: run_worker(
-                    os.path.abspath(__file__),
-                    ["--worker", row, side, "--warmup", str(options.warmup), "--vocab", str(options.vocab)]
-                    + ["--length", str(options.length)],
-                    in_process=main if options.quick else None,
-                    env=system_malloc_env,
-                )["peak_mib"]
-                for side in ("ours", "trl")
-            }
-            line += f" {peaks['ours']:.0f} | {peaks['trl']:.0f} |"
+        line = _row_line(row, options, system_malloc_env)
         lines.append(line)
         print(line, flush=True)
     lines += [

@@ -55,41 +55,46 @@ def _save_run(key: str, value: dict) -> None:
 # ------------------------------------------------------------------------------------------------------------- gain
 
 
+def _gain_run(options, seed: int) -> None:
+    """The main job with ``seed`` in a fresh process, recorded in the runs file (skipped when recorded already)."""
+    key = f"gain/{options.algorithm}/{seed}"
+    if key in _runs() and not options.rerun:
+        print(f"{key}: recorded, skipped", flush=True)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [
+            sys.executable,
+            "-m",
+            "trl_reasoning.demo",
+            "--algorithm",
+            options.algorithm,
+            "--seed",
+            str(seed),
+            "--output_dir",
+            tmp,
+            *(["--num_threads", str(options.num_threads)] if options.num_threads is not None else []),
+            *options.demo_args,
+        ]
+        started = time.time()
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
+        outcome = json.loads((Path(tmp) / "demo_results.json").read_text())
+    outcome["wall_s"] = time.time() - started
+    outcome["load"] = load_average()
+    outcome.pop("evaluations", None)
+    _save_run(key, outcome)
+    print(
+        f"{key}: accuracy {outcome['before']['accuracy']:.3f} -> {outcome['after']['accuracy']:.3f}, pass@1 "
+        f"{outcome['before']['pass@1']:.3f} -> {outcome['after']['pass@1']:.3f}, {outcome['wall_s']:.0f} s",
+        flush=True,
+    )
+
+
 def gain(options) -> str:
     """The main job, once per seed, each in a fresh process; finished seeds are kept and skipped."""
     for seed in options.seeds:
-        key = f"gain/{options.algorithm}/{seed}"
-        if key in _runs() and not options.rerun:
-            print(f"{key}: recorded, skipped", flush=True)
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            command = [
-                sys.executable,
-                "-m",
-                "trl_reasoning.demo",
-                "--algorithm",
-                options.algorithm,
-                "--seed",
-                str(seed),
-                "--output_dir",
-                tmp,
-                *(["--num_threads", str(options.num_threads)] if options.num_threads is not None else []),
-                *options.demo_args,
-            ]
-            started = time.time()
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
-            outcome = json.loads((Path(tmp) / "demo_results.json").read_text())
-        outcome["wall_s"] = time.time() - started
-        outcome["load"] = load_average()
-        outcome.pop("evaluations", None)
-        _save_run(key, outcome)
-        print(
-            f"{key}: accuracy {outcome['before']['accuracy']:.3f} -> {outcome['after']['accuracy']:.3f}, pass@1 "
-            f"{outcome['before']['pass@1']:.3f} -> {outcome['after']['pass@1']:.3f}, {outcome['wall_s']:.0f} s",
-            flush=True,
-        )
+        _gain_run(options, seed)
     runs = [value for key, value in _runs().items() if key.startswith(f"gain/{options.algorithm}/")]
     rows = [
         "| metric | before (mean) | after (mean) | gain, mean [95% t interval] | seeds |",

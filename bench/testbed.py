@@ -157,27 +157,11 @@ def final_evaluation(model, tokenizer, rows: list[dict], max_new_tokens: int, sa
     }
 
 
-def run_one(job: dict) -> dict:
-    """One training run (``job``: method, regime, seed, budget, model_dir, task, eval settings); runs in a worker."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    import datasets
-    import torch
-    import transformers
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback
-
-    from trl_reasoning.models.loading import load_tokenizer
+def _run_settings(job: dict, key: str) -> dict:
+    """The config values every method and regime share (the token budget, not ``max_steps``, ends a run)."""
     from trl_reasoning.models.tiny import cpu_config_kwargs
-    from trl_reasoning.tasks.chain_sums import ChainSumTask
 
-    datasets.disable_progress_bars()
-    transformers.utils.logging.set_verbosity_error()
-    torch.set_num_threads(1)
-    task = ChainSumTask(**job["task"])
-    key, overrides = METHODS[job["method"]]
-    config_class, trainer_class = trainer_classes(key)
-    settings = cpu_config_kwargs(
+    return cpu_config_kwargs(
         output_dir=os.path.join(job["output_dir"], f"{key}-{job['regime']}-{job['seed']}"),
         per_device_train_batch_size=job["batch_size"],
         num_generations=8,
@@ -192,6 +176,46 @@ def run_one(job: dict) -> dict:
         log_level="error",
         dataloader_num_workers=0,
     )
+
+
+def _run_result(job: dict, state, generated_tokens: int, points: list, seconds: float, final: dict) -> dict:
+    """What a run reports: its training rewards (first and last five), steps, tokens, curve, time and final measures."""
+    history = state.log_history
+    rewards = [e["reward"] for e in history if "reward" in e]
+    return {
+        "train_reward_first": statistics.mean(rewards[:5]) if rewards else float("nan"),
+        "train_reward_last": statistics.mean(rewards[-5:]) if rewards else float("nan"),
+        "method": job["method"],
+        "regime": job["regime"],
+        "seed": job["seed"],
+        "steps": state.global_step,
+        "generated_tokens": generated_tokens,
+        "points": points,
+        "seconds": seconds,
+        **final,
+    }
+
+
+def run_one(job: dict) -> dict:
+    """One training run (``job``: method, regime, seed, budget, model_dir, task, eval settings); runs in a worker."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import datasets
+    import torch
+    import transformers
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    from trl_reasoning.models.loading import load_tokenizer
+    from trl_reasoning.tasks.chain_sums import ChainSumTask
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.set_verbosity_error()
+    torch.set_num_threads(1)
+    task = ChainSumTask(**job["task"])
+    key, overrides = METHODS[job["method"]]
+    config_class, trainer_class = trainer_classes(key)
+    settings = _run_settings(job, key)
     args = config_class(**{**settings, **REGIMES[job["regime"]], **overrides})
     tokenizer = load_tokenizer(job["model_dir"])
     model = AutoModelForCausalLM.from_pretrained(job["model_dir"])
@@ -224,20 +248,7 @@ def run_one(job: dict) -> dict:
     trainer.train()
     seconds = time.perf_counter() - started
     final = final_evaluation(trainer.model, tokenizer, test_rows, args.max_completion_length, job["samples"])
-    history = trainer.state.log_history
-    rewards = [e["reward"] for e in history if "reward" in e]
-    return {
-        "train_reward_first": statistics.mean(rewards[:5]) if rewards else float("nan"),
-        "train_reward_last": statistics.mean(rewards[-5:]) if rewards else float("nan"),
-        "method": job["method"],
-        "regime": job["regime"],
-        "seed": job["seed"],
-        "steps": trainer.state.global_step,
-        "generated_tokens": meter.tokens,
-        "points": points,
-        "seconds": seconds,
-        **final,
-    }
+    return _run_result(job, trainer.state, meter.tokens, points, seconds, final)
 
 
 # ----------------------------------------------------------------------------------------------- statistics
@@ -274,10 +285,11 @@ def _values(results: list[dict], method: str, regime: str, measure) -> list[floa
     return [measure(r) for r in _runs(results, method, regime)]
 
 
-def claims_table(results: list[dict], warm: dict) -> tuple[str, list[dict]]:
-    k = MAX_K if all(len(r["pass_at_k"]) >= MAX_K for r in results) else len(results[0]["pass_at_k"])
+def _claims(k: int, warm: dict) -> list[tuple]:
+    """The papers' claims the testbed checks: ``(text, (method A, regime), (method B, regime), measure, expected)``,
+    with ``expected`` the sign of A - B the claim says ("higher", "lower" or "equal")."""
     length_growth = lambda r: r["incorrect_length"] - warm["incorrect_length"]  # noqa: E731
-    claims = [
+    return [
         (
             "DAPO: dynamic sampling learns more from the same generated tokens (held-out greedy accuracy)",
             ("DAPO", "on-policy"),
@@ -328,6 +340,11 @@ def claims_table(results: list[dict], warm: dict) -> tuple[str, list[dict]]:
             "equal",
         ),
     ]
+
+
+def claims_table(results: list[dict], warm: dict) -> tuple[str, list[dict]]:
+    k = MAX_K if all(len(r["pass_at_k"]) >= MAX_K for r in results) else len(results[0]["pass_at_k"])
+    claims = _claims(k, warm)
     lines = [
         "| claim | A | B | mean A | mean B | effect A − B [95 % bootstrap CI] | verdict |",
         "|---|---|---|---|---|---|---|",
@@ -467,7 +484,8 @@ def summarize(results: list[dict], warm: dict, options) -> str:
 # ----------------------------------------------------------------------------------------------- driver
 
 
-def main(argv: list[str] | None = None) -> str:
+def _parse_options(argv: list[str] | None) -> argparse.Namespace:
+    """The command line of :func:`main`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--budget", type=int, default=30_000, help="generated completion tokens per run")
@@ -480,20 +498,72 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--from-json", help="summarize runs saved by an earlier invocation instead of training")
     parser.add_argument("--replot", action="store_true", help="with --from-json: redraw bench/testbed.png from them")
     parser.add_argument("--quick", action="store_true", help="1 seed, a tiny budget and warm start: checks it runs")
-    options = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def _jobs(options, methods, max_completion_length, curve_stride, samples, model_dir, task: dict) -> list[dict]:
+    """One job per seed, regime and method (the stale regime only for the methods meant for it)."""
+    return [
+        {
+            "method": method,
+            "regime": regime,
+            "seed": seed,
+            "budget": options.budget,
+            "batch_size": options.batch_size,
+            "learning_rate": options.learning_rate,
+            "max_completion_length": max_completion_length,
+            "eval_every": options.eval_every,
+            "curve_stride": curve_stride,
+            "samples": samples,
+            "model_dir": str(model_dir),
+            "task": task,
+            "output_dir": "outputs/testbed",
+        }
+        for seed in range(options.seeds)
+        for regime in REGIMES
+        for method in methods
+        if regime == "on-policy" or method in STALE_METHODS
+    ]
+
+
+def _run_jobs(jobs: list[dict], workers: int) -> list[dict]:
+    """The results of ``jobs``, in this process or in ``workers`` fresh processes (one line printed per result)."""
+    results = []
+    if workers <= 1:
+        results = [run_one(job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            for result in pool.map(run_one, jobs):
+                results.append(result)
+                print(
+                    f"{result['method']} ({result['regime']}, seed {result['seed']}): greedy "
+                    f"{result['greedy_accuracy']:.3f}, pass@1 {result['pass_at_k'][0]:.3f}, {result['steps']} steps, "
+                    f"{result['seconds']:.0f} s",
+                    flush=True,
+                )
+    return results
+
+
+def _summarize_saved(options, here: Path) -> str:
+    """The summary of the runs an earlier invocation saved (``--from-json``), redrawn with ``--replot``."""
+    saved = json.loads(Path(options.from_json).read_text())
+    options.budget, options.batch_size, options.learning_rate = (
+        saved["options"][k] for k in ("budget", "batch_size", "learning_rate")
+    )
+    text = summarize(saved["runs"], saved["warm_start"], options)
+    print(text)
+    if options.replot:
+        plot(saved["runs"], saved["warm_start"], here / "testbed.png")
+    return text
+
+
+def main(argv: list[str] | None = None) -> str:
+    options = _parse_options(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     here = Path(__file__).parent
     if options.from_json:
-        saved = json.loads(Path(options.from_json).read_text())
-        options.budget, options.batch_size, options.learning_rate = (
-            saved["options"][k] for k in ("budget", "batch_size", "learning_rate")
-        )
-        text = summarize(saved["runs"], saved["warm_start"], options)
-        print(text)
-        if options.replot:
-            plot(saved["runs"], saved["warm_start"], here / "testbed.png")
-        return text
+        return _summarize_saved(options, here)
 
     import datasets
     import torch
@@ -530,40 +600,8 @@ def main(argv: list[str] | None = None) -> str:
         flush=True,
     )
     methods = options.methods.split(",") if options.methods else list(METHODS)
-    jobs = [
-        {
-            "method": method,
-            "regime": regime,
-            "seed": seed,
-            "budget": options.budget,
-            "batch_size": options.batch_size,
-            "learning_rate": options.learning_rate,
-            "max_completion_length": max_completion_length,
-            "eval_every": options.eval_every,
-            "curve_stride": curve_stride,
-            "samples": samples,
-            "model_dir": str(model_dir),
-            "task": warm["task"],
-            "output_dir": "outputs/testbed",
-        }
-        for seed in range(options.seeds)
-        for regime in REGIMES
-        for method in methods
-        if regime == "on-policy" or method in STALE_METHODS
-    ]
-    results = []
-    if options.jobs <= 1:
-        results = [run_one(job) for job in jobs]
-    else:
-        with ProcessPoolExecutor(max_workers=options.jobs, mp_context=get_context("spawn")) as pool:
-            for result in pool.map(run_one, jobs):
-                results.append(result)
-                print(
-                    f"{result['method']} ({result['regime']}, seed {result['seed']}): greedy "
-                    f"{result['greedy_accuracy']:.3f}, pass@1 {result['pass_at_k'][0]:.3f}, {result['steps']} steps, "
-                    f"{result['seconds']:.0f} s",
-                    flush=True,
-                )
+    jobs = _jobs(options, methods, max_completion_length, curve_stride, samples, model_dir, warm["task"])
+    results = _run_jobs(jobs, options.jobs)
     text = summarize(results, warm, options)
     print(text)
     if not options.quick:

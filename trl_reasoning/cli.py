@@ -415,24 +415,24 @@ def fill_preset_name(output_dir: str | None, command: str) -> str | None:
     return output_dir.replace(PRESET_PLACEHOLDER, command) if output_dir else output_dir
 
 
-def train(data_args: DataArguments, training_args, model_args, trainer_class: type, mixture=None):
-    """Train `trainer_class` as TRL's own scripts do: load the model by name, the dataset with `load_dataset` (or TRL's
-    `get_dataset` for a dataset mixture), the reward functions by name; then save, write the model card and push to
-    the Hub if asked."""
-    from trl import get_dataset, get_peft_config, get_quantization_config
-
-    from .evaluation.callbacks import PassAtKCallback
-
+def _train_model_path(model_args, data_args: DataArguments) -> str:
+    """The model to train: `model_name_or_path` resolved (e.g. smollm2-135m-instruct, converted offline), or without
+    one the cached warm-started tiny model of the digit-reversal task."""
     model_name_or_path = model_args.model_name_or_path
     if model_name_or_path is not None:
-        model_name_or_path = resolve_model_path(model_name_or_path)  # e.g. smollm2-135m-instruct, converted offline
-    if model_name_or_path is None:
-        if data_args.task != "reverse":
-            raise ValueError("No model: set --model_name_or_path (or model_name_or_path: in the YAML recipe).")
-        from .demo.warm_start import warm_start
-        from .tasks.digit_reversal import ReversalTask
+        return resolve_model_path(model_name_or_path)
+    if data_args.task != "reverse":
+        raise ValueError("No model: set --model_name_or_path (or model_name_or_path: in the YAML recipe).")
+    from .demo.warm_start import warm_start
+    from .tasks.digit_reversal import ReversalTask
 
-        model_name_or_path = str(warm_start(ReversalTask())[0])
+    return str(warm_start(ReversalTask())[0])
+
+
+def _train_dataset(data_args: DataArguments, mixture):
+    """The dataset dict to train on, checked to hold the training split."""
+    from trl import get_dataset
+
     if mixture is not None and mixture.datasets:  # TRL's `datasets:` mixture wins over dataset_name, as in `trl grpo`
         dataset = get_dataset(mixture)
     else:
@@ -444,9 +444,11 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
             f"--dataset_train_split: the dataset has no split {data_args.dataset_train_split!r}; it has "
             f"{', '.join(dataset)}."
         )
-    test = dataset[data_args.dataset_test_split] if data_args.dataset_test_split in dataset else None
-    reward_funcs = _reward_funcs(data_args.reward_funcs, data_args.task)
+    return dataset
 
+
+def _model_init_kwargs(model_args, training_args) -> dict[str, Any]:
+    """The keyword arguments of the model's `from_pretrained` from the model flags, the config's own on top."""
     model_init_kwargs = dict(
         revision=model_args.model_revision,
         attn_implementation=model_args.attn_implementation,
@@ -456,7 +458,38 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
         model_init_kwargs["trust_remote_code"] = True
     model_init_kwargs = {key: value for key, value in model_init_kwargs.items() if value is not None}
     model_init_kwargs.update(training_args.model_init_kwargs or {})
-    training_args.model_init_kwargs = model_init_kwargs
+    return model_init_kwargs
+
+
+def _save_and_describe(trainer, data_args: DataArguments, training_args) -> None:
+    """Save the trained model, write its model card and push to the Hub if asked."""
+    trainer.save_model(training_args.output_dir)
+    dataset_name = data_args.dataset_name or (_GSM8K[0] if data_args.task == "gsm8k" else None)
+    if dataset_name is not None and os.path.exists(os.path.expanduser(dataset_name)):
+        dataset_name = None  # a local file or folder is no Hub dataset: the card must not link it there
+    model_name = os.path.basename(os.path.normpath(training_args.output_dir))  # as TRL titles its checkpoint cards
+    trainer.create_model_card(model_name=model_name, dataset_name=dataset_name)
+    if training_args.push_to_hub:
+        trainer.push_to_hub(model_name=model_name, dataset_name=dataset_name)
+    processes = trainer.accelerator.num_processes
+    trainer.accelerator.print(
+        f"Model and model card saved to {training_args.output_dir} ({processes} process{'es' if processes > 1 else ''})."
+    )
+
+
+def train(data_args: DataArguments, training_args, model_args, trainer_class: type, mixture=None):
+    """Train `trainer_class` as TRL's own scripts do: load the model by name, the dataset with `load_dataset` (or TRL's
+    `get_dataset` for a dataset mixture), the reward functions by name; then save, write the model card and push to
+    the Hub if asked."""
+    from trl import get_peft_config, get_quantization_config
+
+    from .evaluation.callbacks import PassAtKCallback
+
+    model_name_or_path = _train_model_path(model_args, data_args)
+    dataset = _train_dataset(data_args, mixture)
+    test = dataset[data_args.dataset_test_split] if data_args.dataset_test_split in dataset else None
+    reward_funcs = _reward_funcs(data_args.reward_funcs, data_args.task)
+    training_args.model_init_kwargs = _model_init_kwargs(model_args, training_args)
     trainer = trainer_class(
         model=model_name_or_path,
         reward_funcs=reward_funcs,
@@ -479,18 +512,7 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
             )
         )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
-    dataset_name = data_args.dataset_name or (_GSM8K[0] if data_args.task == "gsm8k" else None)
-    if dataset_name is not None and os.path.exists(os.path.expanduser(dataset_name)):
-        dataset_name = None  # a local file or folder is no Hub dataset: the card must not link it there
-    model_name = os.path.basename(os.path.normpath(training_args.output_dir))  # as TRL titles its checkpoint cards
-    trainer.create_model_card(model_name=model_name, dataset_name=dataset_name)
-    if training_args.push_to_hub:
-        trainer.push_to_hub(model_name=model_name, dataset_name=dataset_name)
-    processes = trainer.accelerator.num_processes
-    trainer.accelerator.print(
-        f"Model and model card saved to {training_args.output_dir} ({processes} process{'es' if processes > 1 else ''})."
-    )
+    _save_and_describe(trainer, data_args, training_args)
     return trainer
 
 

@@ -141,3 +141,73 @@ def test_push_to_hub_uploads_the_reasoning_card(tiny_model_path, tmp_path, monke
     assert uploaded["repo_id"] == "me/pushed" and "model.safetensors" in uploaded["files"]
     assert {"trl", "trl-reasoning", "maxrl"} <= set(_front_matter(uploaded["card"])["tags"])
     assert "Trained with **MaxRL**" in uploaded["card"] and "@article{tajwar2026maximum," in uploaded["card"]
+
+
+def _card_of_a_model_from(folder: Path, output_dir: Path, **config) -> tuple[str, dict]:
+    """The card a DAPO trainer writes (without training) for the model loaded from ``folder``."""
+    args = DAPOConfig(
+        **cpu_config_kwargs(output_dir=str(output_dir)),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        **config,
+    )
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+1="}]} for i in range(4)])
+    trainer = DAPOTrainer(
+        model=str(folder),
+        reward_funcs=digit_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=load_tokenizer(str(folder)),
+    )
+    trainer.create_model_card(model_name=output_dir.name)
+    text = (output_dir / "README.md").read_text()
+    return text, _front_matter(text)
+
+
+def test_card_names_a_local_base_folder_and_loads_the_output(tmp_path):
+    """TRL writes "a fine-tuned version of [None]" and a quick start loading model="None" for a model loaded from a
+    local folder: the card names the folder instead (not as a Hub link) and the quick start loads the output."""
+    from trl_reasoning.models.tiny import save_tiny_model
+
+    base = save_tiny_model(tmp_path / "my-local-base", seed=0)
+    out = tmp_path / "run-out"
+    text, meta = _card_of_a_model_from(base, out)
+    assert "a fine-tuned version of `my-local-base` (a local folder)" in text
+    assert "None" not in text.split("## Training procedure")[0]
+    assert f'pipeline("text-generation", model="{out}"' in text
+    assert meta.get("base_model") is None  # no Hub model of that name is known: no metadata pointing at one
+
+
+def test_card_names_the_hub_model_a_converted_folder_records(tmp_path):
+    """A folder converted by trl_reasoning.models.pretrained records its Hub name in its marker (transformers
+    replaces config._name_or_path with the folder it loads): the card links it, in the text and the metadata; a
+    hub_model_id is what the quick start loads."""
+    import json
+
+    from trl_reasoning.models.pretrained import MARKER_FILE
+    from trl_reasoning.models.tiny import save_tiny_model
+
+    base = save_tiny_model(tmp_path / "SmolLM2-135M-Instruct", seed=0)
+    (base / MARKER_FILE).write_text(json.dumps({"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"}))
+    text, meta = _card_of_a_model_from(base, tmp_path / "out", hub_model_id="me/smollm2-dapo")
+    link = "[HuggingFaceTB/SmolLM2-135M-Instruct](https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct)"
+    assert f"a fine-tuned version of {link}" in text
+    assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert 'pipeline("text-generation", model="me/smollm2-dapo"' in text
+
+
+def test_recorded_base_model_reads_the_marker_or_the_known_source(tmp_path):
+    """The converted SmolLM2 folder knows its Hub name: from its marker, or (converted before the marker recorded
+    it) from the source's SHA-256; a folder without a marker, or from an unknown source, has none."""
+    import json
+
+    from trl_reasoning.models.pretrained import MARKER_FILE, SMOLLM2, recorded_base_model
+
+    assert recorded_base_model(tmp_path) is None
+    (tmp_path / MARKER_FILE).write_text(json.dumps({"source_sha256": SMOLLM2.sha256, "files": {}}))
+    assert recorded_base_model(tmp_path) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    (tmp_path / MARKER_FILE).write_text(json.dumps({"source_sha256": "0" * 64}))
+    assert recorded_base_model(tmp_path) is None
+    (tmp_path / MARKER_FILE).write_text(json.dumps({"source_sha256": "0" * 64, "base_model": "org/other"}))
+    assert recorded_base_model(tmp_path) == "org/other"

@@ -148,6 +148,36 @@ def engine_sampled_logprobs(
     ]
 
 
+def _extend_with_engine_topk(
+    flat_ids: list[int],
+    flat_logps: list[float | None],
+    row: int,
+    seq: Sequence[int],
+    seq_logps: Sequence[Sequence[float | None]],
+    seq_ids: Sequence[Sequence[int]],
+    k: int,
+) -> None:
+    """Append sequence ``row``'s tracked ids and log-probs, ``k`` per position (the engine's first ``k`` entries, the
+    sampled token replacing the ``k``-th where it is not among them), to the flat lists of
+    :func:`rollout_topk_from_engine`."""
+    if not len(seq) == len(seq_logps) == len(seq_ids):
+        raise ValueError(
+            f"sequence {row}: {len(seq)} completion tokens but log-probs for {len(seq_logps)} and ids for "
+            f"{len(seq_ids)} positions"
+        )
+    for position, (token, entry_logps, entry_ids) in enumerate(zip(seq, seq_logps, seq_ids, strict=True)):
+        if len(entry_ids) < k:
+            raise ValueError(
+                f"sequence {row}, position {position}: the engine reported {len(entry_ids)} log-probs, fewer "
+                f"than k={k}; request logprobs={k} from the engine (and keep k <= the vocabulary size)"
+            )
+        top_ids, top_logps = list(entry_ids[:k]), list(entry_logps[:k])
+        if token not in top_ids:
+            top_ids[-1], top_logps[-1] = token, entry_logps[_rank_of_sampled(token, entry_ids, row, position)]
+        flat_ids.extend(top_ids)
+        flat_logps.extend(top_logps)
+
+
 def rollout_topk_from_engine(
     completion_ids: Sequence[Sequence[int]],
     logprobs: Sequence[Sequence[Sequence[float | None]]],
@@ -196,22 +226,7 @@ def rollout_topk_from_engine(
     flat_ids: list[int] = []
     flat_logps: list[float | None] = []
     for row, (seq, seq_logps, seq_ids) in enumerate(zip(completion_ids, logprobs, logprob_token_ids, strict=True)):
-        if not len(seq) == len(seq_logps) == len(seq_ids):
-            raise ValueError(
-                f"sequence {row}: {len(seq)} completion tokens but log-probs for {len(seq_logps)} and ids for "
-                f"{len(seq_ids)} positions"
-            )
-        for position, (token, entry_logps, entry_ids) in enumerate(zip(seq, seq_logps, seq_ids, strict=True)):
-            if len(entry_ids) < k:
-                raise ValueError(
-                    f"sequence {row}, position {position}: the engine reported {len(entry_ids)} log-probs, fewer "
-                    f"than k={k}; request logprobs={k} from the engine (and keep k <= the vocabulary size)"
-                )
-            top_ids, top_logps = list(entry_ids[:k]), list(entry_logps[:k])
-            if token not in top_ids:
-                top_ids[-1], top_logps[-1] = token, entry_logps[_rank_of_sampled(token, entry_ids, row, position)]
-            flat_ids.extend(top_ids)
-            flat_logps.extend(top_logps)
+        _extend_with_engine_topk(flat_ids, flat_logps, row, seq, seq_logps, seq_ids, k)
         for _ in range(length - len(seq)):
             flat_ids.extend(pad_ids)
             flat_logps.extend(pad_logps)

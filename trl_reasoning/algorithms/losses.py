@@ -76,20 +76,28 @@ def topk_divergence(
     filler = torch.full_like(mu_log, -math.log(mu_log.shape[-1] + 1))
     mu_log = torch.where(valid.unsqueeze(-1), mu_log, filler)
     pi_log = torch.where(valid.unsqueeze(-1), current_topk_logps, filler)
-    tiny = torch.finfo(dtype).tiny
-    log_tiny = math.log(tiny)
     mu_k, pi_k = mu_log.exp(), pi_log.exp()
     mu_rest = (-torch.expm1(torch.logsumexp(mu_log, dim=-1).clamp(max=0.0))).clamp(min=0.0)
     pi_rest = (-torch.expm1(torch.logsumexp(pi_log, dim=-1).clamp(max=0.0))).clamp(min=0.0)
     if kind == "tv":
         div = 0.5 * ((mu_k - pi_k).abs().sum(-1) + (mu_rest - pi_rest).abs())
     else:
-        # mu * (log mu - log pi), zero where mu = 0; log pi floored so a vanished pi gives a large finite term.
-        top = torch.where(mu_k > 0, mu_k * (mu_log - pi_log.clamp(min=log_tiny)), torch.zeros_like(mu_k)).sum(-1)
-        rest_log_ratio = mu_rest.clamp(min=tiny).log() - pi_rest.clamp(min=tiny).log()
-        rest = torch.where(mu_rest > 0, mu_rest * rest_log_ratio, torch.zeros_like(mu_rest))
-        div = top + rest
+        div = _bucketed_kl(mu_log, pi_log, mu_rest, pi_rest)
     return torch.where(valid, div, torch.zeros_like(div))
+
+
+def _bucketed_kl(
+    mu_log: torch.Tensor, pi_log: torch.Tensor, mu_rest: torch.Tensor, pi_rest: torch.Tensor
+) -> torch.Tensor:
+    """``KL(mu || pi)`` over the top-K buckets and the rest bucket of :func:`topk_divergence`, with ``0 log 0 = 0``
+    and ``pi`` floored at the dtype's ``tiny`` so the value stays finite."""
+    tiny = torch.finfo(pi_log.dtype).tiny
+    mu_k = mu_log.exp()
+    # mu * (log mu - log pi), zero where mu = 0; log pi floored so a vanished pi gives a large finite term.
+    top = torch.where(mu_k > 0, mu_k * (mu_log - pi_log.clamp(min=math.log(tiny))), torch.zeros_like(mu_k)).sum(-1)
+    rest_log_ratio = mu_rest.clamp(min=tiny).log() - pi_rest.clamp(min=tiny).log()
+    rest = torch.where(mu_rest > 0, mu_rest * rest_log_ratio, torch.zeros_like(mu_rest))
+    return top + rest
 
 
 def _clipped_surrogate(

@@ -360,20 +360,11 @@ def _real_setup(demo: DemoArguments) -> _Setup:
     )
 
 
-def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[str, Any]:
-    """The demo itself, with the threads already set."""
-    import datasets
-    import transformers
-
-    from ..evaluation.callbacks import PassAtKCallback, evaluate_pass_at_k
-
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
-    started = time.perf_counter()
-    ks = sorted({1, demo.eval_k})
-    eval_options = dict(
+def _eval_options(demo: DemoArguments, training_args) -> dict[str, Any]:
+    """`evaluate_pass_at_k`'s sampling options for the before/after evaluations, from the RL sampling settings."""
+    return dict(
         num_samples=demo.eval_num_samples,
-        ks=ks,
+        ks=sorted({1, demo.eval_k}),
         max_new_tokens=training_args.max_completion_length,
         temperature=training_args.temperature,
         top_k=training_args.top_k or 0,
@@ -381,69 +372,51 @@ def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[s
         batch_size=64 if not demo.real else 8,
     )
 
-    setup = (_real_setup if demo.real else _tiny_setup)(demo)
-    prepare_seconds = time.perf_counter() - started
-    print(setup.prepared.format(seconds=prepare_seconds), flush=True)
 
-    tokenizer, test, reward = setup.tokenizer, setup.test, setup.reward
-    eval_started = time.perf_counter()
-    before = evaluate_pass_at_k(setup.model, tokenizer, test, reward, **eval_options)
-    eval_seconds = time.perf_counter() - eval_started
-    print(
-        f"before: held-out accuracy {before['accuracy']:.3f}, pass@1 {before['pass@1']:.3f} ({eval_seconds:.0f} s)",
-        flush=True,
-    )
+def _demo_trainer(demo: DemoArguments, setup: _Setup, training_args, trainer_class: type, eval_options: dict):
+    """The trainer of the demo, printing one line per step, and its pass@k curve callback (`None` without
+    `eval_every`)."""
+    import transformers
+
+    from ..evaluation.callbacks import PassAtKCallback
+
     trainer = trainer_class(
         model=setup.model,
-        reward_funcs=reward,
+        reward_funcs=setup.reward,
         args=training_args,
         train_dataset=setup.train,
-        processing_class=tokenizer,
+        processing_class=setup.tokenizer,
         peft_config=setup.peft_config,
     )
     trainer.remove_callback(transformers.PrinterCallback)
     trainer.add_callback(_ProgressPrinter())
     curve = None
     if demo.eval_every > 0:
-        curve = PassAtKCallback(
-            trainer,
-            test,
-            reward,
-            eval_steps=demo.eval_every,
-            **{**eval_options, "ks": (1,), "num_samples": 4},
-        )
+        curve_options = {**eval_options, "ks": (1,), "num_samples": 4}
+        curve = PassAtKCallback(trainer, setup.test, setup.reward, eval_steps=demo.eval_every, **curve_options)
         trainer.add_callback(curve)
-    rl_started = time.perf_counter()
-    trainer.train()
-    rl_seconds = time.perf_counter() - rl_started
-    eval_started = time.perf_counter()
-    after = evaluate_pass_at_k(trainer.model, tokenizer, test, reward, **eval_options)
-    eval_seconds += time.perf_counter() - eval_started
+    return trainer, curve
 
-    output_dir = Path(training_args.output_dir)
-    trainer.save_model(str(output_dir))
-    trainer.create_model_card(model_name=output_dir.name, tags=["trl-reasoning-demo"])
-    evaluations = [
-        {"step": 0, "eval_pass_at_k/accuracy": before["accuracy"], "eval_pass_at_k/pass@1": before["pass@1"]}
-    ]
-    evaluations += curve.history if curve is not None else []
-    evaluations.append(
-        {
-            "step": trainer.state.global_step,
-            "eval_pass_at_k/accuracy": after["accuracy"],
-            "eval_pass_at_k/pass@1": after["pass@1"],
+
+def _evaluation_points(before: dict, after: dict, curve, steps: int) -> list[dict]:
+    """The held-out accuracy and pass@1 before training, along the curve (if any) and after `steps` RL steps."""
+
+    def point(step: int, metrics: dict) -> dict:
+        return {
+            "step": step,
+            "eval_pass_at_k/accuracy": metrics["accuracy"],
+            "eval_pass_at_k/pass@1": metrics["pass@1"],
         }
-    )
-    name = getattr(trainer, "_name", trainer_class.__name__)
-    plot = save_curves(
-        output_dir / "curves.png", trainer.state.log_history, evaluations, f"{name} on {setup.task_name}"
-    )
-    total = time.perf_counter() - started
 
-    k = demo.eval_k
+    return [point(0, before)] + (curve.history if curve is not None else []) + [point(steps, after)]
+
+
+def _print_summary(demo: DemoArguments, setup: _Setup, name: str, result: dict) -> None:
+    """The before/after table, the gains, the wall time and where the outputs are."""
+    before, after, seconds, k = result["before"], result["after"], result["seconds"], demo.eval_k
     print(
-        f"\n{name} on {setup.task_name}: {len(test)} held-out problems, {demo.eval_num_samples} samples each, "
-        f"{trainer.state.global_step} RL steps"
+        f"\n{name} on {setup.task_name}: {len(setup.test)} held-out problems, {demo.eval_num_samples} samples each, "
+        f"{result['steps']} RL steps"
     )
     print(f"| model | held-out accuracy (greedy) | pass@1 | pass@{k} | mean completion length (tokens) |")
     print("|---|---:|---:|---:|---:|")
@@ -452,12 +425,54 @@ def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[s
     gain = 100 * (after["accuracy"] - before["accuracy"])
     print(
         f"\nheld-out accuracy {gain:+.1f} points, pass@1 {100 * (after['pass@1'] - before['pass@1']):+.1f} points; "
-        f"wall time {total:.0f} s (model {prepare_seconds:.0f} s, evaluation {eval_seconds:.0f} s, RL "
-        f"{rl_seconds:.0f} s)"
+        f"wall time {seconds['total']:.0f} s (model {seconds['model']:.0f} s, evaluation {seconds['evaluation']:.0f} "
+        f"s, RL {seconds['rl']:.0f} s)"
     )
+    plot = result["plot"]
     print(
-        f"model and model card: {output_dir}" + (f"; curves: {plot}" if plot else " (install matplotlib for the PNG)")
+        f"model and model card: {result['output_dir']}"
+        + (f"; curves: {plot}" if plot else " (install matplotlib for the PNG)")
     )
+
+
+def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[str, Any]:
+    """The demo itself, with the threads already set."""
+    import datasets
+    import transformers
+
+    from ..evaluation.callbacks import evaluate_pass_at_k
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    started = time.perf_counter()
+    eval_options = _eval_options(demo, training_args)
+    setup = (_real_setup if demo.real else _tiny_setup)(demo)
+    prepare_seconds = time.perf_counter() - started
+    print(setup.prepared.format(seconds=prepare_seconds), flush=True)
+
+    eval_started = time.perf_counter()
+    before = evaluate_pass_at_k(setup.model, setup.tokenizer, setup.test, setup.reward, **eval_options)
+    eval_seconds = time.perf_counter() - eval_started
+    print(
+        f"before: held-out accuracy {before['accuracy']:.3f}, pass@1 {before['pass@1']:.3f} ({eval_seconds:.0f} s)",
+        flush=True,
+    )
+    trainer, curve = _demo_trainer(demo, setup, training_args, trainer_class, eval_options)
+    rl_started = time.perf_counter()
+    trainer.train()
+    rl_seconds = time.perf_counter() - rl_started
+    eval_started = time.perf_counter()
+    after = evaluate_pass_at_k(trainer.model, setup.tokenizer, setup.test, setup.reward, **eval_options)
+    eval_seconds += time.perf_counter() - eval_started
+
+    output_dir = Path(training_args.output_dir)
+    trainer.save_model(str(output_dir))
+    trainer.create_model_card(model_name=output_dir.name, tags=["trl-reasoning-demo"])
+    evaluations = _evaluation_points(before, after, curve, trainer.state.global_step)
+    name = getattr(trainer, "_name", trainer_class.__name__)
+    title = f"{name} on {setup.task_name}"
+    plot = save_curves(output_dir / "curves.png", trainer.state.log_history, evaluations, title)
+    total = time.perf_counter() - started
     result = {
         "algorithm": demo.algorithm,
         "model": demo.model,
@@ -477,5 +492,6 @@ def _run_demo(demo: DemoArguments, training_args, trainer_class: type) -> dict[s
         "evaluations": evaluations,
         "steps": trainer.state.global_step,
     }
+    _print_summary(demo, setup, name, result)
     (output_dir / "demo_results.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -71,6 +71,44 @@ def cache_key(task: ReversalTask | ChainSumTask, settings: WarmStartSettings) ->
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _train_warm_start(task: ReversalTask | ChainSumTask, settings: WarmStartSettings, staging: Path) -> Path:
+    """Train the tiny model with SFT on the task's teacher rows under `staging`; return the saved model folder
+    (model, tokenizer and a `warm_start.json` naming the task and settings)."""
+    from datasets import Dataset
+    from transformers import PrinterCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from ..models.tiny import build_model, build_tokenizer, cpu_config_kwargs
+
+    tokenizer = build_tokenizer()
+    model = build_model(
+        tokenizer, hidden_size=settings.hidden_size, num_layers=settings.num_layers, seed=settings.seed
+    )
+    args = SFTConfig(
+        **cpu_config_kwargs(),
+        output_dir=str(staging / "run"),
+        max_steps=settings.max_steps,
+        per_device_train_batch_size=settings.batch_size,
+        learning_rate=settings.learning_rate,
+        logging_steps=max(1, settings.max_steps // 4),
+        seed=settings.seed,
+        log_level="warning",
+        dataset_num_proc=None,
+    )
+    dataset = Dataset.from_list(task.warm_start_rows(tokenizer))
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer.remove_callback(PrinterCallback)
+    result = trainer.train()
+    print(f"warm start: {settings.max_steps} SFT steps, final training loss {result.training_loss:.3f}", flush=True)
+    model_dir = staging / "model"
+    trainer.model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    (model_dir / "warm_start.json").write_text(
+        json.dumps({"task": task.to_dict(), "settings": asdict(settings)}, indent=2) + "\n"
+    )
+    return model_dir
+
+
 def warm_start(
     task: ReversalTask | ChainSumTask,
     settings: WarmStartSettings | None = None,
@@ -100,43 +138,10 @@ def warm_start(
     if use_cache and (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
         return target, True
 
-    from datasets import Dataset
-    from transformers import PrinterCallback
-    from trl import SFTConfig, SFTTrainer
-
-    from ..models.tiny import build_model, build_tokenizer, cpu_config_kwargs
-
-    tokenizer = build_tokenizer()
-    model = build_model(
-        tokenizer, hidden_size=settings.hidden_size, num_layers=settings.num_layers, seed=settings.seed
-    )
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".warm-start-", dir=root))
     try:
-        args = SFTConfig(
-            **cpu_config_kwargs(),
-            output_dir=str(staging / "run"),
-            max_steps=settings.max_steps,
-            per_device_train_batch_size=settings.batch_size,
-            learning_rate=settings.learning_rate,
-            logging_steps=max(1, settings.max_steps // 4),
-            seed=settings.seed,
-            log_level="warning",
-            dataset_num_proc=None,
-        )
-        dataset = Dataset.from_list(task.warm_start_rows(tokenizer))
-        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
-        trainer.remove_callback(PrinterCallback)
-        result = trainer.train()
-        print(
-            f"warm start: {settings.max_steps} SFT steps, final training loss {result.training_loss:.3f}", flush=True
-        )
-        model_dir = staging / "model"
-        trainer.model.save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
-        (model_dir / "warm_start.json").write_text(
-            json.dumps({"task": task.to_dict(), "settings": asdict(settings)}, indent=2) + "\n"
-        )
+        model_dir = _train_warm_start(task, settings, staging)
         if target.exists():
             shutil.rmtree(target)
         os.replace(model_dir, target)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -113,6 +114,120 @@ def _score_samples(
     return _score(funcs, prompts, completions, sampled["ids"], repeated)
 
 
+def _checked_ks(ks: Sequence[int], num_samples: int) -> list[int]:
+    """The distinct `k` values, sorted, each checked to lie in `[1, num_samples]`."""
+    ks = sorted({int(k) for k in ks})
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}.")
+    bad = [k for k in ks if not 1 <= k <= num_samples]
+    if bad:
+        raise ValueError(f"every k in ks must be between 1 and num_samples={num_samples}; got {bad}.")
+    return ks
+
+
+def _evaluation_rows(dataset, max_prompts: int | None) -> list[dict]:
+    """The dataset's rows (the first `max_prompts` of them), checked to be non-empty and to have a prompt."""
+    rows = [dict(row) for row in dataset]
+    if max_prompts is not None:
+        rows = rows[:max_prompts]
+    if not rows:
+        raise ValueError("The evaluation dataset is empty.")
+    if "prompt" not in rows[0]:
+        raise ValueError(f"The evaluation dataset needs a 'prompt' column; it has {sorted(rows[0])}.")
+    return rows
+
+
+def _rank_share(rows: list[dict], world: int, rank: int) -> tuple[list[dict], list[float]]:
+    """This process's slice of the rows, padded to the same length on every process, and which rows are real
+    (1.0) rather than padding (0.0)."""
+    per_rank = math.ceil(len(rows) / world)
+    local = rows[rank * per_rank : (rank + 1) * per_rank]
+    valid = [1.0] * len(local) + [0.0] * (per_rank - len(local))
+    local = local + [rows[-1]] * (per_rank - len(local))  # equal generate calls on every rank (ZeRO-3, FSDP)
+    return local, valid
+
+
+@dataclass
+class _SamplingPlan:
+    """How `evaluate_pass_at_k` samples and judges: the reward functions, `n`, the `generate` keyword arguments,
+    prompts per call, the success threshold and whether it also decodes greedily."""
+
+    funcs: list[RewardFunc]
+    num_samples: int
+    generation: dict[str, Any]
+    batch_size: int
+    success_threshold: float
+    greedy: bool
+
+
+def _batch_stats(model, tokenizer, batch: list[dict], plan: _SamplingPlan) -> list[list[float]]:
+    """Per prompt of `batch`: correct samples, reward sum, length sum, greedy correct (0.0 without greedy)."""
+    n = plan.num_samples
+    prompts = [row["prompt"] for row in batch]
+    texts = _prompt_texts(tokenizer, prompts)
+    columns = {key: [row[key] for row in batch] for key in batch[0] if key != "prompt"}
+    sampled = _sample(model, tokenizer, texts, n, greedy=False, generation=plan.generation)
+    rewards = _score_samples(plan.funcs, prompts, columns, sampled, n)
+    greedy_rewards = None
+    if plan.greedy:
+        greedy_sample = _sample(model, tokenizer, texts, 1, greedy=True, generation=plan.generation)
+        greedy_rewards = _score_samples(plan.funcs, prompts, columns, greedy_sample, 1)
+    stats = []
+    for i in range(len(batch)):
+        chunk = slice(i * n, (i + 1) * n)
+        stats.append(
+            [
+                float(sum(r >= plan.success_threshold for r in rewards[chunk])),
+                float(sum(rewards[chunk])),
+                float(sum(sampled["lengths"][chunk])),
+                float(greedy_rewards[i] >= plan.success_threshold) if plan.greedy else 0.0,
+            ]
+        )
+    return stats
+
+
+def _sampled_stats(model, tokenizer, rows: list[dict], plan: _SamplingPlan, bar) -> list[list[float]]:
+    """`_batch_stats` of every row, `plan.batch_size` prompts per call, in eval mode with left padding; the model's
+    mode and the tokenizer's padding side are restored and `bar` closed afterwards."""
+    was_training = model.training
+    padding_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    model.eval()
+    stats = []
+    try:
+        for start in range(0, len(rows), plan.batch_size):
+            batch = rows[start : start + plan.batch_size]
+            stats += _batch_stats(model, tokenizer, batch, plan)
+            bar.update(len(batch))
+    finally:
+        bar.close()
+        tokenizer.padding_side = padding_side
+        model.train(was_training)
+    return stats
+
+
+def _gathered_table(stats: list[list[float]], valid: list[float], accelerator) -> torch.Tensor:
+    """This process's per-prompt stats with their `valid` flag as a last column, gathered over processes."""
+    table = torch.tensor([s + [v] for s, v in zip(stats, valid)], dtype=torch.float64)
+    if accelerator is not None and accelerator.num_processes > 1:
+        table = accelerator.gather(table.to(accelerator.device)).cpu()
+    return table
+
+
+def _pass_at_k_metrics(table: torch.Tensor, ks: list[int], num_samples: int, greedy: bool) -> dict[str, float]:
+    """The metrics from the real prompts' rows of `[correct, reward sum, length sum, greedy correct, valid]`."""
+    counts = [int(c) for c in table[:, 0].tolist()]
+    num_prompts = len(counts)
+    metrics = {f"pass@{k}": mean_pass_at_k(counts, num_samples, k) for k in ks}
+    if greedy:
+        metrics["accuracy"] = float(table[:, 3].mean())
+    metrics["reward"] = float(table[:, 1].sum()) / (num_prompts * num_samples)
+    metrics["mean_length"] = float(table[:, 2].sum()) / (num_prompts * num_samples)
+    metrics["num_prompts"] = float(num_prompts)
+    metrics["num_samples"] = float(num_samples)
+    return metrics
+
+
 def evaluate_pass_at_k(
     model,
     tokenizer,
@@ -135,38 +250,24 @@ def evaluate_pass_at_k(
     Sample `num_samples` completions per prompt and report unbiased pass@k, greedy accuracy, reward and length.
 
     Args:
-        model ([`~transformers.PreTrainedModel`]):
-            A causal LM (unwrapped: not DDP/DeepSpeed-wrapped).
-        tokenizer ([`~transformers.PreTrainedTokenizerBase`]):
-            Its tokenizer; conversational prompts go through its chat template with a generation prompt.
-        dataset (`datasets.Dataset` or `list[dict]`):
-            Rows with a `"prompt"` (text or list of messages) and any columns the reward functions read (e.g.
-            `"answer"`); columns are passed to the reward functions as keyword arguments, as TRL does.
-        reward_funcs (`Callable` or `Sequence[Callable]`):
-            TRL-style reward functions `f(prompts, completions, completion_ids, **columns) -> list[float]`. Their sum
-            is a completion's reward; a completion is correct when that sum is `>= success_threshold`.
-        num_samples (`int`, *optional*, defaults to `8`):
-            Completions sampled per prompt (`n` of pass@k).
-        ks (`Sequence[int]`, *optional*, defaults to `(1, 8)`):
-            The `k` values to report; each must be `<= num_samples`.
-        max_new_tokens (`int`, *optional*, defaults to `256`):
-            Maximum completion length.
-        temperature (`float`, *optional*, defaults to `1.0`), top_p (`float`, *optional*, defaults to `1.0`),
-        top_k (`int`, *optional*, defaults to `0`):
-            Sampling parameters (`top_k=0` disables top-k filtering).
-        batch_size (`int`, *optional*, defaults to `64`):
-            Prompts per `generate` call.
-        success_threshold (`float`, *optional*, defaults to `1.0`):
-            Reward at or above which a completion counts as correct.
-        greedy (`bool`, *optional*, defaults to `True`):
-            Also decode greedily once per prompt and report its accuracy as `accuracy`.
-        max_prompts (`int`, *optional*):
-            Evaluate only the first `max_prompts` rows.
-        accelerator (`accelerate.Accelerator`, *optional*):
-            With several processes, each evaluates a slice of the prompts and the counts are gathered; every process
-            returns the same metrics.
-        progress (`bool`, *optional*, defaults to `False`):
-            Show a progress bar (prompts of this process; on the main process only).
+        model ([`~transformers.PreTrainedModel`]): A causal LM (unwrapped: not DDP/DeepSpeed-wrapped).
+        tokenizer ([`~transformers.PreTrainedTokenizerBase`]): Its tokenizer; conversational prompts go through its
+            chat template with a generation prompt.
+        dataset (`datasets.Dataset` or `list[dict]`): Rows with a `"prompt"` (text or list of messages) and any
+            columns the reward functions read (e.g. `"answer"`), passed to them as keyword arguments, as TRL does.
+        reward_funcs (`Callable` or `Sequence[Callable]`): TRL-style reward functions `f(prompts, completions,
+            completion_ids, **columns) -> list[float]`. Their sum is a completion's reward; a completion is correct
+            when that sum is `>= success_threshold` (*optional*, defaults to `1.0`).
+        num_samples (`int`, defaults to `8`): Completions sampled per prompt (`n` of pass@k).
+        ks (`Sequence[int]`, defaults to `(1, 8)`): The `k` values to report; each must be `<= num_samples`.
+        max_new_tokens (`int`, defaults to `256`), temperature (`float`, defaults to `1.0`), top_p (`float`,
+            defaults to `1.0`), top_k (`int`, defaults to `0`, which disables top-k filtering): Sampling parameters.
+        batch_size (`int`, defaults to `64`): Prompts per `generate` call.
+        greedy (`bool`, defaults to `True`): Also decode greedily once per prompt and report its accuracy.
+        max_prompts (`int`, *optional*): Evaluate only the first `max_prompts` rows.
+        accelerator (`accelerate.Accelerator`, *optional*): With several processes, each evaluates a slice of the
+            prompts and the counts are gathered; every process returns the same metrics.
+        progress (`bool`, defaults to `False`): Show a progress bar (this process's prompts; main process only).
 
     Returns:
         `dict[str, float]`: `pass@{k}` for every `k` (averaged over prompts), `accuracy` (greedy, if `greedy`),
@@ -174,89 +275,18 @@ def evaluate_pass_at_k(
         EOS included), `num_prompts`, `num_samples`.
     """
     funcs = _as_list(reward_funcs)
-    ks = sorted({int(k) for k in ks})
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}.")
-    bad = [k for k in ks if not 1 <= k <= num_samples]
-    if bad:
-        raise ValueError(f"every k in ks must be between 1 and num_samples={num_samples}; got {bad}.")
-    rows = [dict(row) for row in dataset]
-    if max_prompts is not None:
-        rows = rows[:max_prompts]
-    if not rows:
-        raise ValueError("The evaluation dataset is empty.")
-    if "prompt" not in rows[0]:
-        raise ValueError(f"The evaluation dataset needs a 'prompt' column; it has {sorted(rows[0])}.")
-
+    ks = _checked_ks(ks, num_samples)
+    rows = _evaluation_rows(dataset, max_prompts)
     world, rank = (accelerator.num_processes, accelerator.process_index) if accelerator is not None else (1, 0)
-    per_rank = math.ceil(len(rows) / world)
-    local = rows[rank * per_rank : (rank + 1) * per_rank]
-    valid = [1.0] * len(local) + [0.0] * (per_rank - len(local))
-    local = local + [rows[-1]] * (per_rank - len(local))  # equal generate calls on every rank (ZeRO-3, FSDP)
-
-    generation = dict(
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        pad_token_id=tokenizer.pad_token_id,
-        synced_gpus=world > 1,
-    )
-    was_training = model.training
-    padding_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    model.eval()
-    stats = []  # per prompt: correct, reward sum, length sum, greedy correct
+    local, valid = _rank_share(rows, world, rank)
+    generation = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
+    generation.update(pad_token_id=tokenizer.pad_token_id, synced_gpus=world > 1)
+    plan = _SamplingPlan(funcs, num_samples, generation, batch_size, success_threshold, greedy)
     is_main = accelerator is None or accelerator.is_main_process
-    bar = tqdm(
-        total=len(local),
-        desc=f"pass@k eval ({len(rows)} prompts x {num_samples} samples, {world} process{'es' if world > 1 else ''})",
-        unit="prompt",
-        disable=not (progress and is_main),
-    )
-    try:
-        for start in range(0, len(local), batch_size):
-            batch = local[start : start + batch_size]
-            prompts = [row["prompt"] for row in batch]
-            texts = _prompt_texts(tokenizer, prompts)
-            columns = {key: [row[key] for row in batch] for key in batch[0] if key != "prompt"}
-
-            sampled = _sample(model, tokenizer, texts, num_samples, greedy=False, generation=generation)
-            rewards = _score_samples(funcs, prompts, columns, sampled, num_samples)
-            greedy_rewards = None
-            if greedy:
-                greedy_sample = _sample(model, tokenizer, texts, 1, greedy=True, generation=generation)
-                greedy_rewards = _score_samples(funcs, prompts, columns, greedy_sample, 1)
-            for i in range(len(batch)):
-                chunk = slice(i * num_samples, (i + 1) * num_samples)
-                stats.append(
-                    [
-                        float(sum(r >= success_threshold for r in rewards[chunk])),
-                        float(sum(rewards[chunk])),
-                        float(sum(sampled["lengths"][chunk])),
-                        float(greedy_rewards[i] >= success_threshold) if greedy else 0.0,
-                    ]
-                )
-            bar.update(len(batch))
-    finally:
-        bar.close()
-        tokenizer.padding_side = padding_side
-        model.train(was_training)
-
-    table = torch.tensor([s + [v] for s, v in zip(stats, valid)], dtype=torch.float64)
-    if accelerator is not None and world > 1:
-        table = accelerator.gather(table.to(accelerator.device)).cpu()
-    table = table[table[:, 4] > 0]
-    counts = [int(c) for c in table[:, 0].tolist()]
-    num_prompts = len(counts)
-    metrics = {f"pass@{k}": mean_pass_at_k(counts, num_samples, k) for k in ks}
-    if greedy:
-        metrics["accuracy"] = float(table[:, 3].mean())
-    metrics["reward"] = float(table[:, 1].sum()) / (num_prompts * num_samples)
-    metrics["mean_length"] = float(table[:, 2].sum()) / (num_prompts * num_samples)
-    metrics["num_prompts"] = float(num_prompts)
-    metrics["num_samples"] = float(num_samples)
-    return metrics
+    description = f"pass@k eval ({len(rows)} prompts x {num_samples} samples, {world} process{'es' * (world > 1)})"
+    bar = tqdm(total=len(local), desc=description, unit="prompt", disable=not (progress and is_main))
+    table = _gathered_table(_sampled_stats(model, tokenizer, local, plan, bar), valid, accelerator)
+    return _pass_at_k_metrics(table[table[:, 4] > 0], ks, num_samples, greedy)
 
 
 class PassAtKCallback(TrainerCallback):

@@ -126,6 +126,37 @@ def _standard_errors(a: float, b: float, c_mid: float, r0: float, compute, rewar
     return tuple(float(math.sqrt(v)) if v >= 0 else math.nan for v in np.diag(covariance))
 
 
+def _checked_points(compute, reward) -> tuple[np.ndarray, np.ndarray]:
+    """``compute`` and ``reward`` as float64 arrays, checked to be 1-D of one length, finite, compute ``>= 0``."""
+    compute = np.asarray(compute, dtype=np.float64)
+    reward = np.asarray(reward, dtype=np.float64)
+    if compute.shape != reward.shape or compute.ndim != 1:
+        raise ValueError(f"compute and reward must be 1-D of the same length, got {compute.shape} and {reward.shape}.")
+    if not (np.isfinite(compute).all() and np.isfinite(reward).all()):
+        raise ValueError("compute and reward must be finite.")
+    if (compute < 0).any():
+        raise ValueError("compute must be >= 0.")
+    return compute, reward
+
+
+def _best_fit_over_starts(log_c: np.ndarray, points: np.ndarray, r0: float, use_scipy: bool) -> tuple:
+    """The lowest-cost ``(theta, cost)`` of the fits from a grid of 27 starting points (A, B, C_mid quantiles);
+    ``(None, inf)`` when none converged."""
+    best_theta, best_cost = None, math.inf
+    span = points.max() - points.min()
+    for a0 in (points.max(), points.max() + 0.5 * span, r0 + 2 * (points.max() - r0)):
+        for b0 in (0.5, 1.0, 2.0):
+            for q in (0.25, 0.5, 0.75):
+                theta0 = np.array([a0, math.log(b0), float(np.quantile(log_c, q))])
+                fitted_here = (_curve_fit if use_scipy else _levenberg_marquardt)(theta0, log_c, points, r0)
+                if fitted_here is None:
+                    continue
+                theta, cost = fitted_here
+                if cost < best_cost:
+                    best_theta, best_cost = theta, cost
+    return best_theta, best_cost
+
+
 def fit_compute_curve(
     compute: Sequence[float] | np.ndarray,
     reward: Sequence[float] | np.ndarray,
@@ -153,33 +184,14 @@ def fit_compute_curve(
     if use_scipy and not scipy_installed:
         raise ImportError('use_scipy=True needs scipy: pip install "trl-reasoning[scaling]".')
     use_scipy = scipy_installed if use_scipy is None else use_scipy
-    compute = np.asarray(compute, dtype=np.float64)
-    reward = np.asarray(reward, dtype=np.float64)
-    if compute.shape != reward.shape or compute.ndim != 1:
-        raise ValueError(f"compute and reward must be 1-D of the same length, got {compute.shape} and {reward.shape}.")
-    if not (np.isfinite(compute).all() and np.isfinite(reward).all()):
-        raise ValueError("compute and reward must be finite.")
-    if (compute < 0).any():
-        raise ValueError("compute must be >= 0.")
+    compute, reward = _checked_points(compute, reward)
     if r0 is None:
         r0 = float(reward[np.argmin(compute)])
     fitted = compute > 0
     if fitted.sum() < 3:
         raise ValueError(f"Need at least 3 points with compute > 0 to fit A, B and C_mid, got {int(fitted.sum())}.")
     log_c, points = np.log(compute[fitted]), reward[fitted]
-
-    best_theta, best_cost = None, math.inf
-    span = points.max() - points.min()
-    for a0 in (points.max(), points.max() + 0.5 * span, r0 + 2 * (points.max() - r0)):
-        for b0 in (0.5, 1.0, 2.0):
-            for q in (0.25, 0.5, 0.75):
-                theta0 = np.array([a0, math.log(b0), float(np.quantile(log_c, q))])
-                fitted_here = (_curve_fit if use_scipy else _levenberg_marquardt)(theta0, log_c, points, r0)
-                if fitted_here is None:
-                    continue
-                theta, cost = fitted_here
-                if cost < best_cost:
-                    best_theta, best_cost = theta, cost
+    best_theta, best_cost = _best_fit_over_starts(log_c, points, r0, use_scipy)
     if best_theta is None:
         raise ValueError("The compute curve did not converge from any starting point.")
     a, b, c_mid = float(best_theta[0]), math.exp(best_theta[1]), math.exp(best_theta[2])

@@ -7,12 +7,16 @@
 - a "trl-reasoning" section naming the algorithm, its paper, the pieces it is made of (advantage estimator, policy
   objective, loss aggregation) and a table of every setting that differs from the config class's defaults;
 - the paper's BibTeX (TRL's template prints `_paper["citation"]` under "Citations").
+- the base model also when it was loaded from a local folder (TRL writes "a fine-tuned version of [None]"): its Hub
+  name where the folder records one (the converted SmolLM2), else the folder's name; and a quick start that loads the
+  trained model (the Hub repository, else the output folder) rather than `model="None"`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import os
 from typing import Any
 
@@ -162,6 +166,42 @@ def reasoning_card_section(trainer: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: What TRL 1.16's card template renders when it has no base model (a model loaded from a local folder) and no Hub
+#: repository (a run not pushed): a link to a Hub model named "None" and a quick start that loads ``model="None"``.
+TRL_UNNAMED_BASE = "[None](https://huggingface.co/None)"
+TRL_UNNAMED_SNIPPET_MODEL = 'model="None"'
+
+
+def base_model_of(config: Any) -> tuple[str | None, str]:
+    """``(Hub name or None, how the card names the base model)`` for a model whose config is ``config``.
+
+    ``config._name_or_path`` is where transformers loaded the model from. A Hub name is itself (TRL links it too). A
+    local folder converted by ``trl_reasoning.models.pretrained`` (SmolLM2) knows its Hub name from its marker; any
+    other local folder is named by its base name, unlinked, since no Hub model of that name is known. A model built
+    from a config has neither."""
+    from .pretrained import recorded_base_model
+
+    name_or_path = str(getattr(config, "_name_or_path", "") or "")
+    if not name_or_path:
+        return None, "a model built from its config (no name or path recorded)"
+    hub_name = recorded_base_model(name_or_path) if os.path.isdir(name_or_path) else name_or_path
+    if hub_name is not None:
+        return hub_name, f"[{hub_name}](https://huggingface.co/{hub_name})"
+    return None, f"`{os.path.basename(os.path.normpath(name_or_path))}` (a local folder)"
+
+
+def name_base_model_and_output(card: Any, config: Any, trained_model: str) -> None:
+    """Fill in what TRL's card leaves as "None" for a model loaded from a local folder and a run not pushed: the base
+    model in the text and, when its Hub name is known, in the metadata (``base_model``); the quick start loads
+    ``trained_model`` (the Hub repository, or the output folder)."""
+    if TRL_UNNAMED_BASE in card.content:
+        hub_name, shown = base_model_of(config)
+        card.content = card.content.replace(TRL_UNNAMED_BASE, shown)
+        if hub_name is not None and getattr(card.data, "base_model", None) is None:
+            card.data.base_model = hub_name
+    card.content = card.content.replace(TRL_UNNAMED_SNIPPET_MODEL, f"model={json.dumps(trained_model)}")
+
+
 class ReasoningModelCardMixin:
     """
     Mixin for a TRL trainer (put it first in the bases: `class T(ReasoningModelCardMixin, DAPOTrainer)`) whose
@@ -201,6 +241,8 @@ class ReasoningModelCardMixin:
 
         path = os.path.join(self.args.output_dir, "README.md")
         card = ModelCard.load(path)
+        trained_model = self.hub_model_id or self.args.hub_model_id or self.args.output_dir
+        name_base_model_and_output(card, self.model.config, trained_model)
         section = reasoning_card_section(self)
         content = card.content
         anchor = "### Framework versions"

@@ -67,6 +67,9 @@ class GGUFSource:
     size: int
     sha256: str
     folder_name: str
+    #: The model's name on the Hugging Face Hub, recorded in the converted folder's marker so that the model card of
+    #: a model trained from the folder names its base model (``None``: not known).
+    hub_name: str | None = None
 
 
 SMOLLM2 = GGUFSource(
@@ -75,7 +78,11 @@ SMOLLM2 = GGUFSource(
     size=98_362_432,
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     folder_name="SmolLM2-135M-Instruct",
+    hub_name="HuggingFaceTB/SmolLM2-135M-Instruct",
 )
+#: The sources this package converts, by the SHA-256 a folder's marker records (folders converted before the marker
+#: recorded the hub name are known by it).
+KNOWN_SOURCES = {SMOLLM2.sha256: SMOLLM2}
 
 
 class PretrainedModelError(RuntimeError):
@@ -176,6 +183,23 @@ def _read_marker(folder: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return marker if isinstance(marker, dict) else None
+
+
+def recorded_base_model(folder: str | os.PathLike) -> str | None:
+    """The Hub name of the model converted into ``folder`` (``HuggingFaceTB/SmolLM2-135M-Instruct``), as its marker
+    records it (or, for a folder converted before the marker recorded it, as the source it names says); ``None`` for
+    a folder this package did not convert.
+
+    transformers' ``from_pretrained`` sets ``config._name_or_path`` to the folder it loaded, so the name cannot live
+    in ``config.json``'s ``_name_or_path``; the marker stays with the folder and is not copied into a trained
+    model's folder, whose own base is then that trained folder."""
+    marker = _read_marker(Path(folder))
+    if marker is None:
+        return None
+    if isinstance(marker.get("base_model"), str):
+        return marker["base_model"]
+    source = KNOWN_SOURCES.get(marker.get("source_sha256"))
+    return source.hub_name if source is not None else None
 
 
 def _recorded_files_problem(folder: Path, files: dict, check_hashes: bool) -> str | None:
@@ -317,6 +341,7 @@ def materialize(
         try:
             _convert(path, building)
             marker = {"source": str(path), "source_sha256": source.sha256, "distribution": source.distribution}
+            marker["base_model"] = source.hub_name
             (building / MARKER_FILE).write_text(json.dumps({**marker, "files": _file_records(building)}))
             _replace_folder(folder)  # a damaged or unfinished folder: never trusted, replaced
             os.replace(building, folder)

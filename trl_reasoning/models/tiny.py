@@ -13,6 +13,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from ..utils.checkpointing import CHECKPOINTING_FIELD
 from .loading import has_generic_tokenizer, load_tokenizer  # noqa: F401  (moved; kept importable from here)
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
@@ -81,15 +82,21 @@ def save_tiny_model(path: str | Path, seed: int = 0, **model_kwargs) -> Path:
 
 
 def cpu_config_kwargs(**overrides) -> dict:
-    """Config arguments that make a TRL/trl-reasoning config train a tiny model on a CPU: fp32, no gradient
-    checkpointing (TRL turns it on by default), no reporting, no checkpoints, no progress bar."""
+    """Config arguments that make a TRL/trl-reasoning config train a tiny model on a CPU: fp32, no activation
+    checkpointing (TRL turns it on by default), no reporting, no checkpoints, no progress bar.
+
+    Checkpointing is set under the installed transformers' name (``activation_checkpointing``; the old
+    ``gradient_checkpointing`` warns). To turn it on, pass either name through ``overrides``: next to these
+    arguments, ``gradient_checkpointing=True`` would lose to ``activation_checkpointing=False``."""
     kwargs = dict(
         use_cpu=True,
         bf16=False,
         report_to="none",
-        gradient_checkpointing=False,
         save_strategy="no",
         disable_tqdm=True,
     )
+    # Off under the installed transformers' name (the old one warns); a caller's own setting, under either, wins.
+    if not {"activation_checkpointing", "gradient_checkpointing"} & set(overrides):
+        kwargs[CHECKPOINTING_FIELD] = False
     kwargs.update(overrides)
     return kwargs

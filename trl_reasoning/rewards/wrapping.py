@@ -188,6 +188,206 @@ def _call_in_thread(
     return outcome["value"]
 
 
+def _check_rewards(output, kwargs: dict, name: str):
+    """The rewards of ``name``, accepted exactly when TRL's conversion accepts them (``None`` -> NaN, then
+    ``torch.tensor(rewards, dtype=float32)`` into one column): numbers of any numeric type, bools, numpy and 0-d
+    torch scalars, ``None``; returned as a list, tuple, numpy array, tensor or any other iterable (a one-shot
+    iterable is returned as the list it was read into)."""
+    expected = len(kwargs["completions"]) if "completions" in kwargs else None
+    if output is None or isinstance(output, (str, bytes, dict)) or not hasattr(output, "__iter__"):
+        raise RewardFunctionError(
+            f"Reward function '{name}' returned {type(output).__name__}; it must return a list with one float "
+            "(or None) per completion."
+        )
+    if torch.is_tensor(output) and output.dim() != 1:
+        raise RewardFunctionError(
+            f"Reward function '{name}' returned a tensor of shape {tuple(output.shape)}; it must return one "
+            "reward per completion (a 1-D tensor or a list)."
+        )
+    values = list(output)
+    if not hasattr(output, "__len__"):
+        output = values  # a generator or another one-shot iterable is consumed here; TRL gets the list
+    if expected is not None and len(values) != expected:
+        raise RewardFunctionError(
+            f"Reward function '{name}' returned {len(values)} rewards for {expected} completions; it must "
+            "return exactly one reward (or None) per completion."
+        )
+    _check_reward_values(values, name)
+    return output
+
+
+def _check_reward_values(values: list, name: str) -> None:
+    """Raise naming the first reward that TRL's ``torch.tensor(rewards, dtype=float32)`` could not take."""
+    try:
+        converted = torch.tensor([torch.nan if v is None else v for v in values], dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError):
+        converted = None
+    if converted is not None and converted.dim() == 1:
+        return
+    for index, value in enumerate(values):
+        try:
+            ok = value is None or torch.tensor([value], dtype=torch.float32).shape == (1,)
+        except (TypeError, ValueError, RuntimeError):
+            ok = False
+        if not ok:
+            raise RewardFunctionError(
+                f"Reward function '{name}' returned {value!r} ({type(value).__name__}) for completion {index}; "
+                "rewards must be numbers (int, float, bool, numpy or 0-d torch scalars) or None."
+            )
+
+
+def _batch_size(kwargs: dict) -> int | None:
+    """The number of completions of a reward call, or ``None`` when it was not given ``completions``."""
+    completions = kwargs.get("completions")
+    return len(completions) if completions is not None else None
+
+
+class _RewardCallPolicy:
+    """What a wrapped reward function does around each call of ``func``: the timeout, the checks of its output,
+    the sample-by-sample retry of a failed batch and the ``on_error`` policy. The sync and async wrappers share it;
+    the counters it adds to (``error_count``, ``retried_count``) live on the wrapper, where the trainer reads and
+    resets them."""
+
+    def __init__(self, func: Callable, name: str, on_error: str, timeout: float | None):
+        self.func, self.name, self.on_error, self.timeout = func, name, on_error, timeout
+        self.stuck = _StuckCall(name)
+        self.wrapper: Callable | None = None  # set once the wrapper exists
+
+    def call(self, *args, **kwargs):
+        """One sync call of ``func``, in a helper thread waited on for ``timeout`` seconds when one is set."""
+        if self.timeout is None:
+            return self.func(*args, **kwargs)
+        return _call_in_thread(self.func, args, kwargs, self.timeout, self.name, self.stuck)
+
+    async def call_async(self, *args, **kwargs):
+        """One async call of ``func``, cancelled after ``timeout`` seconds when one is set."""
+        if self.timeout is None:
+            return await self.func(*args, **kwargs)
+        try:
+            return await asyncio.wait_for(self.func(*args, **kwargs), self.timeout)
+        except asyncio.TimeoutError:
+            raise RewardTimeoutError(
+                f"Reward function '{self.name}' did not return within reward_timeout={self.timeout} s"
+            ) from None
+
+    def check(self, output, kwargs: dict):
+        """The batch's rewards, checked as TRL will convert them."""
+        return _check_rewards(output, kwargs, self.name)
+
+    def failure(self, error: Exception, kwargs: dict, index: int | None) -> RewardFunctionError:
+        """The error naming the function, the failing sample (if known) and what it raised."""
+        where = f" on {_describe_sample(kwargs, index)}" if index is not None else ""
+        return RewardFunctionError(f"Reward function '{self.name}' raised {type(error).__name__}{where}: {error}")
+
+    def single_value(self, output):
+        """The one reward of a call on one sample."""
+        if output is None or isinstance(output, (str, bytes, dict)) or not hasattr(output, "__iter__"):
+            raise RewardFunctionError(f"Reward function '{self.name}' did not return one reward for one completion.")
+        output = list(output)
+        if len(output) != 1:
+            raise RewardFunctionError(f"Reward function '{self.name}' did not return one reward for one completion.")
+        return output[0]
+
+    def resolve(self, batch_error: Exception, kwargs: dict, results: list) -> list:
+        """Per-sample outcomes (a value or an exception) -> the batch's rewards, or the error to raise.
+
+        With ``"raise"`` the retries stop at the first failing sample (a judge is not paid for the rest), so a
+        failure is the last entry of ``results``. With ``"exclude"``, samples that succeed when retried keep their
+        value and only the failing ones are excluded; if every retry succeeds (a transient batch error), the batch
+        gets the retried values."""
+        failures = [(i, r) for i, r in enumerate(results) if isinstance(r, Exception)]
+        if self.on_error == "raise":
+            if failures:
+                index, error = failures[0]
+                raise self.failure(error, kwargs, index) from error
+            # every sample passes alone: the batch call itself is at fault
+            raise self.failure(batch_error, kwargs, None) from batch_error
+        self.wrapper.error_count += len(failures)
+        self.wrapper.retried_count += len(results) - len(failures)
+        return [None if isinstance(r, Exception) else r for r in results]
+
+    def retries(self, kwargs: dict, batch_error: Exception):
+        """The sample-by-sample retry of a failed batch, shared by the sync and async wrappers: a generator that
+        yields each sample's keyword arguments, is sent back that call's outcome (its one reward, or the exception),
+        and returns the batch's rewards (or raises, per ``on_error``)."""
+        size = _batch_size(kwargs)
+        if size is None:
+            raise self.failure(batch_error, kwargs, None) from batch_error
+        results = []
+        for index in range(size):
+            outcome = yield _one_sample(kwargs, index, size)
+            results.append(outcome)
+            if isinstance(outcome, Exception) and self.on_error == "raise":
+                break
+        return self.resolve(batch_error, kwargs, results)
+
+    def timed_out(self, error: RewardTimeoutError, kwargs: dict) -> list:
+        """A call past ``timeout``: the error under ``"raise"``, no reward for any of its samples under
+        ``"exclude"``."""
+        size = _batch_size(kwargs)
+        if self.on_error == "raise" or size is None:
+            raise RewardTimeoutError(
+                f"{error} on a call with {size if size is not None else 'its'} completions; raise reward_timeout, "
+                "or set on_reward_error='exclude' to train on without those rewards."
+            ) from None
+        self.wrapper.error_count += size
+        return [None] * size
+
+
+def _sync_reward_wrapper(policy: _RewardCallPolicy) -> Callable:
+    """The wrapper of a sync reward function: one batch call, then sample by sample if it raised."""
+
+    @functools.wraps(policy.func)
+    def sync_wrapper(*args, **kwargs):
+        try:
+            return policy.check(policy.call(*args, **kwargs), kwargs)
+        except RewardTimeoutError as error:
+            return policy.timed_out(error, kwargs)
+        except RewardFunctionError:
+            raise
+        except Exception as error:  # noqa: BLE001 - located sample by sample, then re-raised or excluded
+            retry = policy.retries(kwargs, error)
+            try:
+                sample_kwargs = next(retry)
+                while True:
+                    try:
+                        outcome = policy.single_value(policy.call(*args, **sample_kwargs))
+                    except Exception as sample_error:  # noqa: BLE001
+                        outcome = sample_error
+                    sample_kwargs = retry.send(outcome)
+            except StopIteration as done:
+                return policy.check(done.value, kwargs)
+
+    return sync_wrapper
+
+
+def _async_reward_wrapper(policy: _RewardCallPolicy) -> Callable:
+    """The wrapper of an async reward function (still a coroutine function, so TRL runs it concurrently)."""
+
+    @functools.wraps(policy.func)
+    async def async_wrapper(*args, **kwargs):
+        try:
+            return policy.check(await policy.call_async(*args, **kwargs), kwargs)
+        except RewardTimeoutError as error:
+            return policy.timed_out(error, kwargs)
+        except RewardFunctionError:
+            raise
+        except Exception as error:  # noqa: BLE001 - located sample by sample, then re-raised or excluded
+            retry = policy.retries(kwargs, error)
+            try:
+                sample_kwargs = next(retry)
+                while True:
+                    try:
+                        outcome = policy.single_value(await policy.call_async(*args, **sample_kwargs))
+                    except Exception as sample_error:  # noqa: BLE001
+                        outcome = sample_error
+                    sample_kwargs = retry.send(outcome)
+            except StopIteration as done:
+                return policy.check(done.value, kwargs)
+
+    return async_wrapper
+
+
 def wrap_reward_function(func: Callable, name: str, on_error: str = "raise", timeout: float | None = None) -> Callable:
     """Wrap ``func`` so that its failures name it, and optionally exclude the samples it fails on.
 
@@ -212,173 +412,10 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise", tim
     """
     if on_error not in REWARD_ERROR_POLICIES:
         raise ValueError(f"Unknown on_reward_error {on_error!r}. Allowed values: {', '.join(REWARD_ERROR_POLICIES)}.")
-
-    def _check(output, kwargs):
-        """The rewards as a list, accepted exactly when TRL's conversion accepts them (``None`` -> NaN, then
-        ``torch.tensor(rewards, dtype=float32)`` into one column): numbers of any numeric type, bools, numpy and 0-d
-        torch scalars, ``None``; returned as a list, tuple, numpy array, tensor or any other iterable."""
-        expected = len(kwargs["completions"]) if "completions" in kwargs else None
-        if output is None or isinstance(output, (str, bytes, dict)) or not hasattr(output, "__iter__"):
-            raise RewardFunctionError(
-                f"Reward function '{name}' returned {type(output).__name__}; it must return a list with one float "
-                "(or None) per completion."
-            )
-        if torch.is_tensor(output) and output.dim() != 1:
-            raise RewardFunctionError(
-                f"Reward function '{name}' returned a tensor of shape {tuple(output.shape)}; it must return one "
-                "reward per completion (a 1-D tensor or a list)."
-            )
-        values = list(output)
-        if not hasattr(output, "__len__"):
-            output = values  # a generator or another one-shot iterable is consumed here; TRL gets the list
-        if expected is not None and len(values) != expected:
-            raise RewardFunctionError(
-                f"Reward function '{name}' returned {len(values)} rewards for {expected} completions; it must "
-                "return exactly one reward (or None) per completion."
-            )
-        try:
-            converted = torch.tensor([torch.nan if v is None else v for v in values], dtype=torch.float32)
-        except (TypeError, ValueError, RuntimeError):
-            converted = None
-        if converted is None or converted.dim() != 1:
-            for index, value in enumerate(values):
-                try:
-                    ok = value is None or torch.tensor([value], dtype=torch.float32).shape == (1,)
-                except (TypeError, ValueError, RuntimeError):
-                    ok = False
-                if not ok:
-                    raise RewardFunctionError(
-                        f"Reward function '{name}' returned {value!r} ({type(value).__name__}) for completion {index}; "
-                        "rewards must be numbers (int, float, bool, numpy or 0-d torch scalars) or None."
-                    )
-        return output
-
-    def _batch_size(kwargs) -> int | None:
-        completions = kwargs.get("completions")
-        return len(completions) if completions is not None else None
-
-    def _failure(error: Exception, kwargs: dict, index: int | None) -> RewardFunctionError:
-        where = f" on {_describe_sample(kwargs, index)}" if index is not None else ""
-        return RewardFunctionError(f"Reward function '{name}' raised {type(error).__name__}{where}: {error}")
-
-    def _resolve(batch_error: Exception, kwargs: dict, results: list) -> list:
-        """Per-sample outcomes (a value or an exception) -> the batch's rewards, or the error to raise.
-
-        With ``"raise"`` the retries stop at the first failing sample (a judge is not paid for the rest), so a
-        failure is the last entry of ``results``. With ``"exclude"``, samples that succeed when retried keep their
-        value and only the failing ones are excluded; if every retry succeeds (a transient batch error), the batch
-        gets the retried values."""
-        failures = [(i, r) for i, r in enumerate(results) if isinstance(r, Exception)]
-        if on_error == "raise":
-            if failures:
-                index, error = failures[0]
-                raise _failure(error, kwargs, index) from error
-            # every sample passes alone: the batch call itself is at fault
-            raise _failure(batch_error, kwargs, None) from batch_error
-        wrapper.error_count += len(failures)
-        wrapper.retried_count += len(results) - len(failures)
-        return [None if isinstance(r, Exception) else r for r in results]
-
-    def _single_value(output):
-        if output is None or isinstance(output, (str, bytes, dict)) or not hasattr(output, "__iter__"):
-            raise RewardFunctionError(f"Reward function '{name}' did not return one reward for one completion.")
-        output = list(output)
-        if len(output) != 1:
-            raise RewardFunctionError(f"Reward function '{name}' did not return one reward for one completion.")
-        return output[0]
-
-    def _retries(kwargs: dict, batch_error: Exception):
-        """The sample-by-sample retry of a failed batch, shared by the sync and async wrappers: a generator that
-        yields each sample's keyword arguments, is sent back that call's outcome (its one reward, or the exception),
-        and returns the batch's rewards (or raises, per ``on_error``)."""
-        size = _batch_size(kwargs)
-        if size is None:
-            raise _failure(batch_error, kwargs, None) from batch_error
-        results = []
-        for index in range(size):
-            outcome = yield _one_sample(kwargs, index, size)
-            results.append(outcome)
-            if isinstance(outcome, Exception) and on_error == "raise":
-                break
-        return _resolve(batch_error, kwargs, results)
-
-    def _timed_out(error: RewardTimeoutError, kwargs: dict) -> list:
-        """A call past ``timeout``: the error under ``"raise"``, no reward for any of its samples under
-        ``"exclude"``."""
-        size = _batch_size(kwargs)
-        if on_error == "raise" or size is None:
-            raise RewardTimeoutError(
-                f"{error} on a call with {size if size is not None else 'its'} completions; raise reward_timeout, "
-                "or set on_reward_error='exclude' to train on without those rewards."
-            ) from None
-        wrapper.error_count += size
-        return [None] * size
-
-    stuck = _StuckCall(name)
-
-    def _call(*args, **kwargs):
-        if timeout is None:
-            return func(*args, **kwargs)
-        return _call_in_thread(func, args, kwargs, timeout, name, stuck)
-
-    async def _call_async(*args, **kwargs):
-        if timeout is None:
-            return await func(*args, **kwargs)
-        try:
-            return await asyncio.wait_for(func(*args, **kwargs), timeout)
-        except asyncio.TimeoutError:
-            raise RewardTimeoutError(
-                f"Reward function '{name}' did not return within reward_timeout={timeout} s"
-            ) from None
-
-    if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
-
-        @functools.wraps(func)
-        async def async_wrapper(*args, **kwargs):
-            try:
-                return _check(await _call_async(*args, **kwargs), kwargs)
-            except RewardTimeoutError as error:
-                return _timed_out(error, kwargs)
-            except RewardFunctionError:
-                raise
-            except Exception as error:  # noqa: BLE001 - located sample by sample, then re-raised or excluded
-                retry = _retries(kwargs, error)
-                try:
-                    sample_kwargs = next(retry)
-                    while True:
-                        try:
-                            outcome = _single_value(await _call_async(*args, **sample_kwargs))
-                        except Exception as sample_error:  # noqa: BLE001
-                            outcome = sample_error
-                        sample_kwargs = retry.send(outcome)
-                except StopIteration as done:
-                    return _check(done.value, kwargs)
-
-        wrapper = async_wrapper
-    else:
-
-        @functools.wraps(func)
-        def sync_wrapper(*args, **kwargs):
-            try:
-                return _check(_call(*args, **kwargs), kwargs)
-            except RewardTimeoutError as error:
-                return _timed_out(error, kwargs)
-            except RewardFunctionError:
-                raise
-            except Exception as error:  # noqa: BLE001 - located sample by sample, then re-raised or excluded
-                retry = _retries(kwargs, error)
-                try:
-                    sample_kwargs = next(retry)
-                    while True:
-                        try:
-                            outcome = _single_value(_call(*args, **sample_kwargs))
-                        except Exception as sample_error:  # noqa: BLE001
-                            outcome = sample_error
-                        sample_kwargs = retry.send(outcome)
-                except StopIteration as done:
-                    return _check(done.value, kwargs)
-
-        wrapper = sync_wrapper
+    policy = _RewardCallPolicy(func, name, on_error, timeout)
+    is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
+    wrapper = (_async_reward_wrapper if is_async else _sync_reward_wrapper)(policy)
+    policy.wrapper = wrapper
     wrapper.__name__ = name
     wrapper.__wrapped_reward_function__ = func
     wrapper.error_count = 0

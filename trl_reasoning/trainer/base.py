@@ -40,7 +40,6 @@ import torch
 from datasets import IterableDataset
 from packaging.version import Version
 from trl import GRPOTrainer
-from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head
 
 from ..algorithms.aggregation import AGGREGATIONS, aggregate_loss, completion_weights
@@ -67,6 +66,7 @@ from ..rewards.wrapping import (
     check_reward_columns,
     wrap_reward_function,
 )
+from ..utils.checkpointing import activation_checkpointing_disabled
 from ..utils.user_warnings import user_stacklevel
 from .checkpoints import last_complete_checkpoint
 from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
@@ -780,7 +780,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         forward_kwargs = {key: output[key] for key in FORWARD_KEYS if key in output}
-        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+        with activation_checkpointing_disabled(self.model, self.args.gradient_checkpointing_kwargs):
             logps, _, _ = self._get_per_token_logps_and_entropies(
                 self.model,
                 input_ids,

@@ -26,7 +26,6 @@ from collections.abc import Callable
 import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
-from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
 from ..algorithms.logprobs import (
@@ -39,6 +38,7 @@ from ..algorithms.logprobs import (
 )
 from ..algorithms.losses import required_inputs
 from ..algorithms.truncation import SamplingTruncation
+from ..utils.checkpointing import activation_checkpointing_disabled
 from ..utils.user_warnings import user_stacklevel
 
 # Per-row multimodal/auxiliary inputs that TRL forwards to the model in the loss.
@@ -290,7 +290,7 @@ class TopKForwardMixin:
         batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         ids, logps = [], []
         sharded_head = self._sharded_lm_head(self.model) if self._lm_head_from_hidden else None
-        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+        with activation_checkpointing_disabled(self.model, self.args.gradient_checkpointing_kwargs):
             for start in range(0, input_ids.size(0), batch_size):
                 rows = slice(start, start + batch_size)
                 chunk = self._rollout_topk_rows(
@@ -361,34 +361,17 @@ class TopKForwardMixin:
         head = None
         sharded_head = self._sharded_lm_head(model) if self._lm_head_from_hidden else None
         if sharded_head is not None:
-
-            def packed_logps(hidden, weight, bias):
-                logps, entropies, topk_logps = chunked_logps_from_hidden(
-                    hidden,
-                    weight,
-                    completion_ids,
-                    topk_ids,
-                    temperature=self.temperature,
-                    lm_head_bias=bias,
-                    truncation=truncation,
-                )
-                # One output tensor, so the strategy's backward hooks on the head's output see all of it.
-                parts = [logps.unsqueeze(-1), entropies.unsqueeze(-1).to(logps.dtype)]
-                return torch.cat(parts if topk_logps is None else [*parts, topk_logps], dim=-1)
-
-            packed, out = self._head_inside_forward(
+            return self._topk_forward_sharded_head(
                 model,
                 sharded_head,
-                packed_logps,
                 input_ids,
                 attention_mask,
-                completion_ids.size(1),
+                completion_ids,
+                topk_ids,
                 compute_aux_loss,
                 extra_inputs,
+                truncation,
             )
-            aux_loss = out.aux_loss if compute_aux_loss else None
-            topk_logps = packed[..., 2:] if topk_ids is not None else None
-            return packed[..., 0], packed[..., 1].detach(), topk_logps, aux_loss
         if self._lm_head_from_hidden:
             hidden, head, out = self._final_hidden_states(
                 model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss, extra_inputs
@@ -416,6 +399,49 @@ class TopKForwardMixin:
             )
         aux_loss = out.aux_loss if compute_aux_loss else None
         return logps, entropies, topk_logps, aux_loss
+
+    def _topk_forward_sharded_head(
+        self,
+        model,
+        sharded_head,
+        input_ids,
+        attention_mask,
+        completion_ids,
+        topk_ids,
+        compute_aux_loss,
+        extra_inputs,
+        truncation: SamplingTruncation | None,
+    ):
+        """:meth:`_topk_forward` when the LM head is sharded (FSDP2, ZeRO-3): the chunked log-probs run inside the
+        model's forward, on the gathered head, and come back packed as one tensor."""
+
+        def packed_logps(hidden, weight, bias):
+            logps, entropies, topk_logps = chunked_logps_from_hidden(
+                hidden,
+                weight,
+                completion_ids,
+                topk_ids,
+                temperature=self.temperature,
+                lm_head_bias=bias,
+                truncation=truncation,
+            )
+            # One output tensor, so the strategy's backward hooks on the head's output see all of it.
+            parts = [logps.unsqueeze(-1), entropies.unsqueeze(-1).to(logps.dtype)]
+            return torch.cat(parts if topk_logps is None else [*parts, topk_logps], dim=-1)
+
+        packed, out = self._head_inside_forward(
+            model,
+            sharded_head,
+            packed_logps,
+            input_ids,
+            attention_mask,
+            completion_ids.size(1),
+            compute_aux_loss,
+            extra_inputs,
+        )
+        aux_loss = out.aux_loss if compute_aux_loss else None
+        topk_logps = packed[..., 2:] if topk_ids is not None else None
+        return packed[..., 0], packed[..., 1].detach(), topk_logps, aux_loss
 
     def _logps_on_sampling_support(
         self,
