@@ -132,7 +132,7 @@ def test_the_main_jobs_configs_use_no_deprecated_argument(tmp_path):
         cli.parse("demo", ["--output_dir", str(tmp_path / "real")])
         cli.parse("demo", ["--fast", "--output_dir", str(tmp_path / "tiny")])
         SFTConfig(**cpu_config_kwargs(output_dir=str(tmp_path / "sft")))
-        for recipe in ("dapo/tiny-reverse-cpu.yaml", "dapo/smollm2-135m-arithmetic-cpu.yaml"):
+        for recipe in ("reverse/tiny-cpu.yaml", "arithmetic/smollm2-135m-cpu.yaml"):
             cli.parse("dapo", ["--config", str(RECIPES / recipe), "--output_dir", str(tmp_path / "recipe")])
     assert recorder.all() == []
     assert [str(w.message) for w in caught if issubclass(w.category, DEPRECATIONS)] == []
