@@ -212,14 +212,20 @@ def cispo_loss(
 
 _SAPO_FIELDS = (
     VariantField(
-        "sapo_temperature_pos", 1.0, "SAPO's gate temperature where the advantage is positive.",
-        parameter="sapo_temperature_pos", defined_by_trl=True,
+        "sapo_temperature_pos",
+        1.0,
+        "SAPO's gate temperature where the advantage is positive.",
+        parameter="sapo_temperature_pos",
+        defined_by_trl=True,
     ),
     VariantField(
-        "sapo_temperature_neg", 1.05, "SAPO's gate temperature where the advantage is not positive.",
-        parameter="sapo_temperature_neg", defined_by_trl=True,
+        "sapo_temperature_neg",
+        1.05,
+        "SAPO's gate temperature where the advantage is not positive.",
+        parameter="sapo_temperature_neg",
+        defined_by_trl=True,
     ),
-)  # fmt: skip
+)
 
 
 @POLICY_LOSSES.register("sapo", sequence_level=True, ignores_delta=True, fields=_SAPO_FIELDS)
@@ -289,14 +295,16 @@ def vespo_weights(
 # multiply it on top (TRL skips that multiplication for loss_type="vespo" too). sequence_level: its ratio is always the
 # sequence's, whatever importance_sampling_level says (TRL accepts "sequence" with a warning).
 _VESPO_FIELDS = tuple(
-    VariantField(f"vespo_{name}", default, f"VESPO's gamma weight: {meaning}.", parameter=f"vespo_{name}", defined_by_trl=True)
+    VariantField(
+        f"vespo_{name}", default, f"VESPO's gamma weight: {meaning}.", parameter=f"vespo_{name}", defined_by_trl=True
+    )
     for name, default, meaning in (
         ("k_pos", 2.0, "the power k where the advantage is >= 0"),
         ("lambda_pos", 3.0, "the rate lambda where the advantage is >= 0"),
         ("k_neg", 3.0, "the power k where the advantage is < 0"),
         ("lambda_neg", 2.0, "the rate lambda where the advantage is < 0"),
     )
-)  # fmt: skip
+)
 
 
 @POLICY_LOSSES.register("vespo", own_is_correction=True, sequence_level=True, ignores_delta=True, fields=_VESPO_FIELDS)
