@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,11 +19,18 @@ from typing import Any
 from transformers import TrainingArguments
 from trl import GRPOConfig
 
-from .algorithms.advantages import ADVANTAGE_ESTIMATORS, GROUP_RELATIVE_ESTIMATORS
+from .algorithms.advantages import ADVANTAGE_ESTIMATORS
 from .algorithms.aggregation import AGGREGATIONS
-from .algorithms.group_selection import EXTRA_ROUND_SIZES, resolve_group_selection
+from .algorithms.group_selection import GROUP_SELECTIONS, resolve_group_selection
 from .algorithms.importance_sampling import check_mode as check_importance_sampling_mode
-from .algorithms.losses import DPPO_DEFAULT_THRESHOLDS, IMPORTANCE_SAMPLING_LEVELS, POLICY_LOSSES, required_inputs
+from .algorithms.losses import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    POLICY_LOSSES,
+    base_objective,
+    required_inputs,
+    sequence_ratio_form,
+)
+from .algorithms.registry import Registry
 from .algorithms.shaping import MULTI_OBJECTIVE_AGGREGATIONS
 from .algorithms.truncation import sampling_truncation
 from .models.model_card import record_derived_values
@@ -30,8 +38,9 @@ from .rewards.wrapping import REWARD_ERROR_POLICIES
 from .utils.typed_fields import coerce_field_types
 from .utils.user_warnings import user_stacklevel
 
-# TRL's `loss_type` = (objective, aggregation). `importance_sampling_level="sequence"` takes the sequence ratio (GSPO's)
-# in any objective that declares `sequence_level` (clip, cispo, sapo); TRL's "grpo" with it is spelled "gspo" here.
+# TRL's `loss_type` = (objective, aggregation): a translation table of TRL's names, not a branch on ours.
+# `importance_sampling_level="sequence"` takes the sequence ratio (GSPO's) in any objective that declares
+# `sequence_level`; an objective with a registered sequence-ratio form (clip's is gspo) is spelled with that form.
 _TRL_LOSS_TYPES = {
     "grpo": ("clip", "seq_mean_token_mean"),
     "dapo": ("clip", "token_mean"),
@@ -43,27 +52,37 @@ _TRL_LOSS_TYPES = {
     "vespo": ("vespo", "token_mean"),
 }
 _TRL_LOSS_TYPE_OF = {pair: name for name, pair in _TRL_LOSS_TYPES.items()}
-#: TRL's loss types whose loss has no two-sided clipping: TRL accepts `delta` with them and does not use it.
-_LOSSES_TRL_RUNS_WITHOUT_DELTA = ("cispo", "sapo", "vespo")
+#: The objective and aggregation when neither they nor TRL's `loss_type` are set (a loss may declare its own
+#: `default_aggregation`).
+_DEFAULT_POLICY_LOSS, _DEFAULT_AGGREGATION = "clip", "token_mean"
 
-
-def _same_clip(policy_loss: str, implied: str) -> bool:
-    """``gspo`` is ``clip`` with the sequence ratio: either name agrees with a TRL loss type that means the other once
-    ``importance_sampling_level`` is taken into account (checked separately)."""
-    return {policy_loss, implied} == {"clip", "gspo"}
-
-
-# TRL's `scale_rewards` <-> advantage estimator.
+# TRL's `scale_rewards` -> advantage estimator (the other way is each estimator's `trl_scale_rewards` trait).
 _SCALE_REWARDS_TO_ESTIMATOR = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}
-_ESTIMATOR_TO_SCALE_REWARDS = {
-    "grpo": "group",
-    "batch": "batch",
-    "dr_grpo": "none",
-    "rloo": "none",
-    "maxrl": "none",
-    "batch_zscore": "batch",
-}
 _OVERLONG_AUTO_FRACTION = 0.2  # DAPO: L_cache = 4096 of L_max = 20480
+
+#: The fields that choose a variant by name, and the registry each looks its name up in.
+VARIANT_REGISTRIES: dict[str, Registry] = {
+    "advantage_estimator": ADVANTAGE_ESTIMATORS,
+    "policy_loss": POLICY_LOSSES,
+    "loss_aggregation": AGGREGATIONS,
+    "group_selection": GROUP_SELECTIONS,
+}
+#: Every config field a registered variant declares, by name.
+VARIANT_FIELDS = {
+    name: declared for registry in VARIANT_REGISTRIES.values() for name, declared in registry.declared_fields().items()
+}
+
+
+def one_of(names) -> str:
+    """``"one of a, b, c"``: the phrase every "one of" help text is built with (a test reads it back)."""
+    return f"one of {', '.join(names)}"
+
+
+def _variant_field(name: str):
+    """The dataclass field of the variant field declared as ``name``: its default and help come from the
+    declaration in the registry."""
+    declared = VARIANT_FIELDS[name]
+    return field(default=declared.default, metadata={"help": declared.help})
 
 
 @dataclass(repr=False)  # keep TrainingArguments' repr, which redacts tokens (see __repr__)
@@ -77,18 +96,18 @@ class ReasoningConfig(GRPOConfig):
         > Parameters that choose the algorithm
 
         advantage_estimator (`str` or `None`, *optional*, defaults to `None`):
-            One of `"grpo"`, `"dr_grpo"`, `"rloo"`, `"maxrl"`, `"batch"`, `"scalerl"`, `"batch_zscore"` (see
-            `trl_reasoning.algorithms.advantages`). `None` derives it from TRL's `scale_rewards` (`"group"` → `"grpo"`,
+            A name registered in `trl_reasoning.algorithms.advantages.ADVANTAGE_ESTIMATORS` (`--help` and
+            docs/configuration.md list them). `None` derives it from TRL's `scale_rewards` (`"group"` → `"grpo"`,
             `"batch"` → `"batch"`, `"none"` → `"dr_grpo"`), or, with `multi_objective_aggregation=
             "normalize_then_sum"`, takes TRL's batch standardisation (`"batch_zscore"`; TRL ignores `scale_rewards`
             there); when both are set they must agree.
         policy_loss (`str` or `None`, *optional*, defaults to `None`):
-            One of `"clip"`, `"cispo"`, `"dppo"`, `"sequence_clip"`, `"gspo"`, `"sapo"`, `"vespo"` (see
-            `trl_reasoning.algorithms.losses`). `importance_sampling_level="sequence"` (TRL's field) gives `"clip"`, `"cispo"`
-            and `"sapo"` one ratio per sequence, as in TRL; `"gspo"` is `"clip"` with it.
+            A name registered in `trl_reasoning.algorithms.losses.POLICY_LOSSES` (`--help` and docs/configuration.md
+            list them). `importance_sampling_level="sequence"` (TRL's field) gives the losses registered
+            `sequence_level` one ratio per sequence, as in TRL; `"gspo"` is `"clip"` with it.
         loss_aggregation (`str` or `None`, *optional*, defaults to `None`):
-            One of `"token_mean"`, `"seq_mean_token_mean"`, `"seq_mean_token_sum_norm"`, `"seq_mean_token_sum"`,
-            `"prompt_mean"`, `"micro_batch_token_mean"` (see `trl_reasoning.algorithms.aggregation`). With `policy_loss`,
+            A name registered in `trl_reasoning.algorithms.aggregation.AGGREGATIONS` (`--help` and
+            docs/configuration.md list them). With `policy_loss`,
             `None` derives both from TRL's `loss_type` (`"dapo"` when that is unset too); when both are set they must
             agree.
         loss_type (`str` or `None`, *optional*, defaults to `None`):
@@ -136,8 +155,8 @@ class ReasoningConfig(GRPOConfig):
             ScaleRL's zero-variance filtering: groups whose task rewards are all equal get loss weight 0 and the
             loss normalizers count only the other groups. Nothing is regenerated.
         group_selection (`str` or `None`, *optional*, defaults to `None`):
-            The group-selection strategy by its name in `trl_reasoning.algorithms.group_selection.GROUP_SELECTIONS` (`"all"`,
-            `"zero_variance"`, `"dynamic"`, or one you registered). `None` follows the two switches above
+            The group-selection strategy by its name in `trl_reasoning.algorithms.group_selection.GROUP_SELECTIONS` (the
+            built-in ones or one you registered). `None` follows the two switches above
             (`dynamic_sampling` → `"dynamic"`, `zero_variance_filtering` → `"zero_variance"`, else `"all"`); a name
             that contradicts a switch that is on is an error.
         positive_resampling_threshold (`float` or `None`, *optional*, defaults to `None`):
@@ -265,36 +284,33 @@ class ReasoningConfig(GRPOConfig):
     advantage_estimator: str | None = field(
         default=None,
         metadata={
-            "help": "Advantage estimator: 'grpo', 'dr_grpo', 'rloo', 'maxrl', 'batch' or 'scalerl'. None derives it from "
-            "`scale_rewards`.",
+            "help": f"Advantage estimator: {one_of(ADVANTAGE_ESTIMATORS.names())}. None derives it from `scale_rewards`.",
         },
     )
     policy_loss: str | None = field(
         default=None,
         metadata={
-            "help": "Per-token policy objective: 'clip', 'cispo', 'dppo', 'sequence_clip' or 'gspo'. None derives "
-            "it from `loss_type`.",
+            "help": f"Per-token policy objective: {one_of(POLICY_LOSSES.names())}. None derives it from `loss_type`.",
         },
     )
     loss_aggregation: str | None = field(
         default=None,
         metadata={
-            "help": "Loss aggregation: 'token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum_norm', "
-            "'seq_mean_token_sum' or 'prompt_mean'. None derives it from `loss_type`.",
+            "help": f"Loss aggregation: {one_of(AGGREGATIONS.names())}. None derives it from `loss_type`.",
         },
     )
     loss_type: str | None = field(
         default=None,
         metadata={
-            "help": "TRL's loss name ('grpo', 'dapo', 'dr_grpo', 'cispo'), accepted for drop-in compatibility; "
-            "must agree with `policy_loss`/`loss_aggregation` when those are set.",
+            "help": f"TRL's loss name ({one_of(_TRL_LOSS_TYPES)}), accepted for drop-in compatibility; must agree "
+            "with `policy_loss`/`loss_aggregation` when those are set.",
         },
     )
     scale_rewards: str | None = field(
         default=None,
         metadata={
-            "help": "TRL's reward scaling ('group', 'batch', 'none'), accepted for drop-in compatibility; must agree "
-            "with `advantage_estimator` when that is set.",
+            "help": f"TRL's reward scaling ({one_of(_SCALE_REWARDS_TO_ESTIMATOR)}; or a bool), accepted for drop-in "
+            "compatibility; must agree with `advantage_estimator` when that is set.",
         },
     )
     kl_in_reward: bool = field(
@@ -317,17 +333,8 @@ class ReasoningConfig(GRPOConfig):
             "the batch is full of informative groups (at most `max_num_gen_batches` rounds)."
         },
     )
-    max_num_gen_batches: int = field(
-        default=10,
-        metadata={"help": "Dynamic sampling: the most generation rounds per batch (the first one included)."},
-    )
-    extra_round_size: str = field(
-        default="keep_rate",
-        metadata={
-            "help": "Dynamic sampling: size extra rounds from the measured keep rate ('keep_rate') or generate a full "
-            "batch each round as verl does ('full')."
-        },
-    )
+    max_num_gen_batches: int = _variant_field("max_num_gen_batches")
+    extra_round_size: str = _variant_field("extra_round_size")
     zero_variance_filtering: bool = field(
         default=False,
         metadata={"help": "ScaleRL: give groups with all-equal rewards loss weight 0 (without generating more)."},
@@ -335,7 +342,7 @@ class ReasoningConfig(GRPOConfig):
     group_selection: str | None = field(
         default=None,
         metadata={
-            "help": "Group-selection strategy by registered name (all, zero_variance, dynamic, or your own). "
+            "help": f"Group-selection strategy by registered name: {one_of(GROUP_SELECTIONS.names())} (or your own). "
             "None = follow dynamic_sampling / zero_variance_filtering."
         },
     )
@@ -409,28 +416,11 @@ class ReasoningConfig(GRPOConfig):
             "training with an error."
         },
     )
-    dppo_divergence: str = field(
-        default="binary_tv",
-        metadata={"help": "DPPO divergence: 'binary_tv', 'binary_kl', 'topk_tv' or 'topk_kl'."},
-    )
-    dppo_topk: int = field(
-        default=20,
-        metadata={"help": "DPPO: K of the 'topk_tv' / 'topk_kl' divergences (the rollout's top-K tokens + rest)."},
-    )
-    dppo_threshold: float | None = field(
-        default=None,
-        metadata={"help": "DPPO trust-region threshold; None = paper default (0.15 for TV, 0.05 for KL)."},
-    )
-    dppo_is_cap: float | None = field(
-        default=None,
-        metadata={
-            "help": "Optional cap C on DPPO's importance ratio pi / mu_rollout. None = no cap (the authors' runs)."
-        },
-    )
-    maxrl_reward_threshold: float | None = field(
-        default=None,
-        metadata={"help": "MaxRL: rewards >= this threshold count as successes. None = rewards must be 0/1."},
-    )
+    dppo_divergence: str = _variant_field("dppo_divergence")
+    dppo_topk: int = _variant_field("dppo_topk")
+    dppo_threshold: float | None = _variant_field("dppo_threshold")
+    dppo_is_cap: float | None = _variant_field("dppo_is_cap")
+    maxrl_reward_threshold: float | None = _variant_field("maxrl_reward_threshold")
     normalize_advantages: bool = field(
         default=False,
         metadata={
@@ -503,55 +493,27 @@ class ReasoningConfig(GRPOConfig):
         return clone
 
     def _resolve_loss(self) -> None:
-        sequence_level = self.importance_sampling_level == "sequence"
         if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
             raise ValueError(
                 f"Unknown importance_sampling_level {self.importance_sampling_level!r}. Allowed values: "
                 f"{', '.join(IMPORTANCE_SAMPLING_LEVELS)}."
             )
+        sequence_level = self.importance_sampling_level == "sequence"
         if self.loss_type is not None:
-            if self.loss_type not in _TRL_LOSS_TYPES:
-                raise ValueError(
-                    f"Unknown loss_type {self.loss_type!r}. Allowed values: {', '.join(_TRL_LOSS_TYPES)}, or None."
-                )
-            implied_loss, implied_aggregation = _TRL_LOSS_TYPES[self.loss_type]
-            if sequence_level and implied_loss == "clip":
-                implied_loss = "gspo"  # TRL's clip with the sequence ratio
-            for name, value, implied in (
-                ("policy_loss", self.policy_loss, implied_loss),
-                ("loss_aggregation", self.loss_aggregation, implied_aggregation),
-            ):
-                if (
-                    value is not None
-                    and value != implied
-                    and not (name == "policy_loss" and _same_clip(value, implied))
-                ):
-                    raise ValueError(
-                        f"{name}={value!r} conflicts with loss_type={self.loss_type!r}, which means "
-                        f"policy_loss={implied_loss!r} and loss_aggregation={implied_aggregation!r} in TRL. Set "
-                        f"loss_type=None to use {name}={value!r}, or drop {name}."
-                    )
-            self.policy_loss = implied_loss if self.policy_loss is None else self.policy_loss
-            self.loss_aggregation = implied_aggregation
+            self._resolve_trl_loss_type(sequence_level)
         else:
             if self.policy_loss is None:
-                self.policy_loss = "gspo" if sequence_level else "clip"
+                default = _DEFAULT_POLICY_LOSS
+                self.policy_loss = sequence_ratio_form(default) if sequence_level else default
             if self.loss_aggregation is None:
-                self.loss_aggregation = "seq_mean_token_mean" if self.policy_loss == "gspo" else "token_mean"
+                self.loss_aggregation = POLICY_LOSSES.trait(
+                    self.policy_loss, "default_aggregation", _DEFAULT_AGGREGATION
+                )
         POLICY_LOSSES.get(self.policy_loss)  # raises on an unknown name, listing the allowed ones
         AGGREGATIONS.get(self.loss_aggregation)
-        if self.policy_loss == "gspo":
-            self.importance_sampling_level = "sequence"  # GSPO's ratio is the sequence ratio by definition
-        elif sequence_level and not POLICY_LOSSES.trait(self.policy_loss, "sequence_level", False):
-            allowed = [name for name in POLICY_LOSSES.names() if POLICY_LOSSES.trait(name, "sequence_level", False)]
-            raise ValueError(
-                f"importance_sampling_level='sequence' takes one importance ratio per sequence, which policy_loss="
-                f"{self.policy_loss!r} does not define (it is honoured by {', '.join(allowed)} and gspo). Use "
-                "importance_sampling_level='token'."
-            )
+        self._resolve_importance_sampling_level(sequence_level)
         # The TRL name of the result, which TRL's own __init__ reads for its warnings (None: TRL has no equivalent).
-        objective = "clip" if self.policy_loss == "gspo" else self.policy_loss
-        self.loss_type = _TRL_LOSS_TYPE_OF.get((objective, self.loss_aggregation))
+        self.loss_type = _TRL_LOSS_TYPE_OF.get((base_objective(self.policy_loss), self.loss_aggregation))
         if AGGREGATIONS.trait(self.loss_aggregation, "per_micro_batch", False):
             warnings.warn(
                 f"loss_aggregation={self.loss_aggregation!r} (TRL's loss_type='bnpo') normalizes by the tokens of each "
@@ -560,6 +522,47 @@ class ReasoningConfig(GRPOConfig):
                 "batch. loss_type='dapo' (loss_aggregation='token_mean') normalizes by the tokens of the whole batch.",
                 UserWarning,
                 stacklevel=user_stacklevel(),
+            )
+
+    def _resolve_trl_loss_type(self, sequence_level: bool) -> None:
+        """``policy_loss`` and ``loss_aggregation`` from TRL's ``loss_type``; a value set that means another loss is
+        an error naming both fields."""
+        if self.loss_type not in _TRL_LOSS_TYPES:
+            raise ValueError(
+                f"Unknown loss_type {self.loss_type!r}. Allowed values: {', '.join(_TRL_LOSS_TYPES)}, or None."
+            )
+        implied_loss, implied_aggregation = _TRL_LOSS_TYPES[self.loss_type]
+        if sequence_level:
+            implied_loss = sequence_ratio_form(implied_loss)  # TRL's clip with the sequence ratio is gspo
+        for name, value, implied in (
+            ("policy_loss", self.policy_loss, implied_loss),
+            ("loss_aggregation", self.loss_aggregation, implied_aggregation),
+        ):
+            # a loss and its sequence-ratio form agree (importance_sampling_level is checked separately)
+            same_objective = (
+                name == "policy_loss" and value in POLICY_LOSSES and base_objective(value) == base_objective(implied)
+            )
+            if value is not None and value != implied and not same_objective:
+                raise ValueError(
+                    f"{name}={value!r} conflicts with loss_type={self.loss_type!r}, which means "
+                    f"policy_loss={implied_loss!r} and loss_aggregation={implied_aggregation!r} in TRL. Set "
+                    f"loss_type=None to use {name}={value!r}, or drop {name}."
+                )
+        self.policy_loss = implied_loss if self.policy_loss is None else self.policy_loss
+        self.loss_aggregation = implied_aggregation
+
+    def _resolve_importance_sampling_level(self, sequence_level: bool) -> None:
+        """A loss that is another's sequence-ratio form (gspo) sets ``importance_sampling_level="sequence"``; with
+        ``"sequence"``, the loss must declare ``sequence_level``."""
+        if POLICY_LOSSES.trait(self.policy_loss, "sequence_ratio_of"):
+            self.importance_sampling_level = "sequence"  # its ratio is the sequence ratio by definition
+        elif sequence_level and not POLICY_LOSSES.trait(self.policy_loss, "sequence_level", False):
+            allowed = POLICY_LOSSES.with_trait("sequence_level")
+            forms = POLICY_LOSSES.with_trait("sequence_ratio_of")
+            raise ValueError(
+                f"importance_sampling_level='sequence' takes one importance ratio per sequence, which policy_loss="
+                f"{self.policy_loss!r} does not define (it is honoured by {', '.join(allowed)} and "
+                f"{', '.join(forms)}). Use importance_sampling_level='token'."
             )
 
     def _resolve_advantage_estimator(self) -> None:
@@ -577,7 +580,7 @@ class ReasoningConfig(GRPOConfig):
         if self.advantage_estimator is None:
             self.advantage_estimator = _SCALE_REWARDS_TO_ESTIMATOR[scale or "group"]
         ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
-        implied = _ESTIMATOR_TO_SCALE_REWARDS.get(self.advantage_estimator, "none")
+        implied = ADVANTAGE_ESTIMATORS.trait(self.advantage_estimator, "trl_scale_rewards", "none")
         if scale is not None and scale != implied:
             raise ValueError(
                 f"scale_rewards={self.scale_rewards!r} conflicts with advantage_estimator="
@@ -623,12 +626,17 @@ class ReasoningConfig(GRPOConfig):
                 )
 
     def _validate_reasoning_fields(self) -> None:
+        """Every trl-reasoning field, each error naming it; the chosen variants' own fields and checks are declared in
+        their registries (``VARIANT_REGISTRIES``)."""
         if self.multi_objective_aggregation not in MULTI_OBJECTIVE_AGGREGATIONS:
             raise ValueError(
                 f"Unknown multi_objective_aggregation {self.multi_objective_aggregation!r}. Allowed values: "
                 f"{', '.join(MULTI_OBJECTIVE_AGGREGATIONS)}."
             )
-        if self.advantage_estimator in GROUP_RELATIVE_ESTIMATORS and (self.num_generations or 0) < 2:
+        if (
+            ADVANTAGE_ESTIMATORS.trait(self.advantage_estimator, "group_relative", False)
+            and (self.num_generations or 0) < 2
+        ):
             raise ValueError(
                 f"num_generations={self.num_generations} is too small: advantage_estimator="
                 f"{self.advantage_estimator!r} compares each completion with the others of its prompt's group, so "
@@ -638,20 +646,47 @@ class ReasoningConfig(GRPOConfig):
             raise ValueError(f"epsilon must be >= 0, got {self.epsilon}.")
         if self.epsilon_high is not None and self.epsilon_high <= 0:
             raise ValueError(f"epsilon_high must be > 0 (or None to use epsilon), got {self.epsilon_high}.")
-        if self.delta is not None and self.policy_loss in _LOSSES_TRL_RUNS_WITHOUT_DELTA:
-            # TRL accepts delta with these loss types and leaves it out of their loss: so does trl-reasoning
+        self._validate_delta()
+        self._validate_reward_clip_range()
+        self._validate_async_fields()
+        self._validate_reward_fields()
+        self._validate_ordering()
+        self._resolve_overlong_cache_length()
+        self._validate_variants()
+
+    def _validate_delta(self) -> None:
+        """``delta`` (two-sided clipping) applies to the losses that take it; TRL runs some losses without it (they
+        declare ``ignores_delta``): there it is accepted and ignored, with a warning."""
+        if self.delta is None or POLICY_LOSSES.takes(self.policy_loss, "delta"):
+            return
+        if POLICY_LOSSES.trait(self.policy_loss, "ignores_delta", False):
             warnings.warn(
                 f"delta={self.delta} (two-sided clipping of the clip objective) is ignored by policy_loss="
                 f"{self.policy_loss!r}, as TRL ignores it for loss_type={self.policy_loss!r}.",
                 UserWarning,
                 stacklevel=user_stacklevel(),
             )
-        elif self.delta is not None and self.policy_loss not in ("clip", "gspo"):
-            raise ValueError(
-                f"delta={self.delta} (two-sided clipping) applies to policy_loss='clip' (and 'gspo') only, not "
-                f"{self.policy_loss!r} (DPPO's own threshold is dppo_threshold). Set delta=None."
-            )
-        self._validate_reward_clip_range()
+            return
+        takers = [name for name in POLICY_LOSSES.names() if POLICY_LOSSES.takes(name, "delta")]
+        forms = [name for name in takers if POLICY_LOSSES.trait(name, "sequence_ratio_of")]
+        objectives = " or ".join(repr(name) for name in takers if name not in forms)
+        also = f" (and {', '.join(repr(name) for name in forms)})" if forms else ""
+        own = ", ".join(declared.name for declared in POLICY_LOSSES.fields(self.policy_loss))
+        raise ValueError(
+            f"delta={self.delta} (two-sided clipping) applies to policy_loss={objectives}{also} only, not "
+            f"{self.policy_loss!r}{f' (its own fields: {own})' if own else ''}. Set delta=None."
+        )
+
+    def _validate_variants(self) -> None:
+        """The fields every registered variant declares (whichever is chosen), then the checks of the chosen ones."""
+        chosen = {name: getattr(self, name) for name in VARIANT_REGISTRIES}
+        chosen["group_selection"] = resolve_group_selection(self)  # raises on an unknown or contradicting name
+        for name, registry in VARIANT_REGISTRIES.items():
+            registry.check_fields(self)
+            registry.check_config(chosen[name], self)
+
+    def _validate_async_fields(self) -> None:
+        """Asynchronous rollouts and the importance-sampling correction."""
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}.")
         if self.async_generator not in ("inline", "process", "server"):
@@ -683,6 +718,9 @@ class ReasoningConfig(GRPOConfig):
                 f"vllm_mode='server' (got use_vllm={self.use_vllm}, vllm_mode={self.vllm_mode!r}), or use "
                 "async_generator='process' (HF generate in a worker process)."
             )
+
+    def _validate_reward_fields(self) -> None:
+        """Reward functions, their errors, and what counts as a task reward and a pass."""
         if self.task_pass_threshold is not None and not math.isfinite(self.task_pass_threshold):
             raise ValueError(f"task_pass_threshold must be a finite number or None, got {self.task_pass_threshold}.")
         if self.reward_timeout is not None and not self.reward_timeout > 0:
@@ -694,18 +732,6 @@ class ReasoningConfig(GRPOConfig):
         patience = self.nonfinite_loss_patience
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
             raise ValueError(f"nonfinite_loss_patience must be an int >= 0, got {patience!r}.")
-        if isinstance(self.max_num_gen_batches, bool) or not isinstance(self.max_num_gen_batches, int):
-            raise ValueError(f"max_num_gen_batches must be an int >= 1, got {self.max_num_gen_batches!r}.")
-        if self.max_num_gen_batches < 1:
-            raise ValueError(
-                f"max_num_gen_batches must be >= 1 (the number of generation rounds dynamic sampling may run per "
-                f"batch), got {self.max_num_gen_batches}."
-            )
-        if self.extra_round_size not in EXTRA_ROUND_SIZES:
-            raise ValueError(
-                f"Unknown extra_round_size {self.extra_round_size!r}. Allowed values: {', '.join(EXTRA_ROUND_SIZES)}."
-            )
-        resolve_group_selection(self)  # raises on an unknown name or one that contradicts the switches
         threshold = self.positive_resampling_threshold
         if threshold is not None and not 0.0 < threshold <= 1.0:
             raise ValueError(
@@ -721,47 +747,6 @@ class ReasoningConfig(GRPOConfig):
                     f"{self.task_reward_funcs!r}."
                 )
             self.task_reward_funcs = names
-        self._validate_ordering()
-        if self.dppo_divergence not in DPPO_DEFAULT_THRESHOLDS:
-            raise ValueError(
-                f"Unknown dppo_divergence {self.dppo_divergence!r}. Allowed values: "
-                f"{', '.join(DPPO_DEFAULT_THRESHOLDS)}."
-            )
-        if isinstance(self.dppo_topk, bool) or not isinstance(self.dppo_topk, int) or self.dppo_topk < 1:
-            raise ValueError(f"dppo_topk must be an int >= 1, got {self.dppo_topk!r}.")
-        if (
-            self.policy_loss == "dppo"
-            and self.dppo_divergence.startswith("topk")
-            and (self.entropy_coef != 0.0 or self.use_adaptive_entropy)
-        ):
-            raise ValueError(
-                f"entropy_coef / use_adaptive_entropy need the entropy's gradient, which dppo_divergence="
-                f"{self.dppo_divergence!r}'s chunked forward does not provide. Use 'binary_tv' or 'binary_kl', or set "
-                "entropy_coef=0.0 and use_adaptive_entropy=False."
-            )
-        if self.dppo_threshold is not None and self.dppo_threshold < 0:
-            raise ValueError(
-                f"dppo_threshold must be >= 0 (or None for the paper default), got {self.dppo_threshold}."
-            )
-        if self.dppo_is_cap is not None and self.dppo_is_cap < 1.0:
-            raise ValueError(
-                f"dppo_is_cap must be >= 1 (a cap on the ratio pi / mu_rollout below the on-policy ratio 1 shrinks "
-                f"every token's weight), got {self.dppo_is_cap}."
-            )
-        if self.maxrl_reward_threshold is not None and self.maxrl_reward_threshold < 0:
-            raise ValueError(f"maxrl_reward_threshold must be >= 0 (or None), got {self.maxrl_reward_threshold}.")
-        self._resolve_overlong_cache_length()
-        if self.advantage_estimator == "maxrl" and self.maxrl_reward_threshold is None:
-            for name, on in (
-                ("overlong_cache_length", self.overlong_cache_length is not None),
-                ("kl_in_reward", self.kl_in_reward and self.beta != 0.0),
-                ("multi_objective_aggregation", self.multi_objective_aggregation == "normalize_then_sum"),
-            ):
-                if on:
-                    raise ValueError(
-                        f"{name} shapes the reward, but advantage_estimator='maxrl' needs binary rewards. Turn "
-                        f"{name} off, or set maxrl_reward_threshold to binarize the shaped reward."
-                    )
 
     def _validate_reward_clip_range(self) -> None:
         clip_range = self.reward_clip_range
@@ -778,23 +763,8 @@ class ReasoningConfig(GRPOConfig):
         self.reward_clip_range = (low, high)
 
     def _validate_ordering(self) -> None:
-        """Bounds that only make sense in one order, each error naming the fields."""
-        epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
-        if self.policy_loss in ("clip", "gspo") and epsilon_high < self.epsilon:
-            raise ValueError(
-                f"epsilon_high={epsilon_high} is below epsilon={self.epsilon}: the clip's upper bound 1 + epsilon_high "
-                "would sit closer to 1 than its lower bound 1 - epsilon (DAPO's clip-higher is epsilon_high >= "
-                "epsilon). Raise epsilon_high, or lower epsilon."
-            )
-        if self.policy_loss == "cispo" and epsilon_high < 1.0:
-            # TRL accepts it (its cap defaults to epsilon=0.2 when epsilon_high is unset), so this only warns.
-            warnings.warn(
-                f"epsilon_high={epsilon_high} is below 1 with policy_loss='cispo', where it is an absolute cap on the "
-                "importance ratio (TRL's semantics; the paper's 1 + eps_high): a cap below the on-policy ratio 1 "
-                "shrinks every token's weight. TRL recommends epsilon_high=5.0 (ScaleRL found 4, 5 and 8 alike).",
-                UserWarning,
-                stacklevel=user_stacklevel(),
-            )
+        """Bounds that only make sense in one order, each error naming the fields (a loss's own, such as the clip's
+        ``epsilon_high >= epsilon``, are its registered checks)."""
         if self.delta is not None and self.delta <= 1.0:
             raise ValueError(
                 f"delta={self.delta} must be > 1: it is the upper bound of two-sided clipping on the ratio, and a bound "
@@ -889,3 +859,50 @@ def bibtex(key: str, title: str, authors: str, year: int, arxiv_id: str) -> str:
         f"@article{{{key},\n    title   = {{{{{title}}}}},\n    author  = {{{authors}}},\n"
         f"    year    = {year},\n    eprint  = {{arXiv:{arxiv_id}}},\n}}"
     )
+
+
+#: The markers of the generated field table in docs/configuration.md (``variant_fields_markdown``).
+FIELD_TABLE_MARKERS = ("<!-- config-fields:start -->\n", "<!-- config-fields:end -->")
+
+
+def _table_cell(text: str) -> str:
+    """``text`` as one Markdown table cell: reStructuredText's roles and double backticks as code, pipes escaped."""
+    return re.sub(r":\w+:`", "`", text).replace("``", "`").replace("|", "\\|")
+
+
+def _traits_cell(registry: Registry, name: str) -> str:
+    """The traits ``name`` was registered with: a flag's name, or ``key=value`` for a text value."""
+    traits = []
+    for key, value in sorted(registry.traits(name).items()):
+        if isinstance(value, str):
+            traits.append(f"`{key}={value}`")
+        elif value:
+            traits.append(f"`{key}`")
+    return ", ".join(traits)
+
+
+def variant_fields_markdown() -> str:
+    """The table of docs/configuration.md: each field that chooses a variant, its registered values (the first
+    paragraph of each one's docstring, its traits, the fields it declares), then every declared field's default."""
+    lines: list[str] = []
+    for field_name, registry in VARIANT_REGISTRIES.items():
+        lines += [f"#### `{field_name}` ({registry.kind})", ""]
+        lines += ["| value | what it is | traits | its fields |", "|---|---|---|---|"]
+        for name in registry.names():
+            own = ", ".join(f"`{declared.name}`" for declared in registry.fields(name))
+            description = _table_cell(registry.description(name))
+            lines.append(f"| `{name}` | {description} | {_traits_cell(registry, name)} | {own} |")
+        lines.append("")
+    lines += ["#### The variants' own fields", "", "| field | default | read by | meaning |", "|---|---|---|---|"]
+    for field_name, declared in VARIANT_FIELDS.items():
+        default = ReasoningConfig.__dataclass_fields__[field_name].default
+        readers = [
+            f"{chooser}=`{name}`"
+            for chooser, registry in VARIANT_REGISTRIES.items()
+            for name in registry.names()
+            if declared in registry.fields(name)
+        ]
+        owner = " (TRL's field)" if declared.defined_by_trl else ""
+        row = f"| `{field_name}` | `{default!r}` | {', '.join(readers)} | {_table_cell(declared.help)}{owner} |"
+        lines.append(row)
+    return "\n".join(lines) + "\n"

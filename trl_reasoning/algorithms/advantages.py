@@ -11,17 +11,17 @@ Formulas and sources: ``docs/algorithms.md`` ("Advantage estimators").
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from .registry import Registry
+from .registry import Registry, VariantField, at_least
 
 AdvantageEstimator = Callable[..., torch.Tensor]
+#: Traits: ``group_relative`` (the baseline is a statistic of the prompt's own group, so ``num_generations >= 2``),
+#: ``trl_scale_rewards`` (TRL's ``scale_rewards`` value that means this estimator's scaling), ``binary_rewards`` (the
+#: rewards must be 0/1 unless the estimator's ``reward_threshold`` binarizes them).
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
-
-#: Estimators whose baseline is a statistic of the prompt's own group, so they need ``num_generations >= 2``.
-#: (All of ours are: ``batch`` still subtracts the group mean.)
-GROUP_RELATIVE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "maxrl", "batch", "scalerl")
 
 
 def nan_std(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
@@ -54,7 +54,7 @@ def grouped_rewards(rewards: torch.Tensor, num_generations: int) -> torch.Tensor
     return rewards.view(-1, num_generations)
 
 
-@ADVANTAGE_ESTIMATORS.register("grpo")
+@ADVANTAGE_ESTIMATORS.register("grpo", group_relative=True, trl_scale_rewards="group")
 def grpo_advantages(rewards: torch.Tensor, num_generations: int, epsilon: float = 1e-4) -> torch.Tensor:
     """GRPO: ``A_i = (r_i - mean_g) / (std_g + eps)``, ``std_g`` with Bessel's correction.
 
@@ -68,7 +68,7 @@ def grpo_advantages(rewards: torch.Tensor, num_generations: int, epsilon: float 
     return ((grouped - mean) / (std + epsilon)).view(-1)
 
 
-@ADVANTAGE_ESTIMATORS.register("dr_grpo")
+@ADVANTAGE_ESTIMATORS.register("dr_grpo", group_relative=True, trl_scale_rewards="none")
 def dr_grpo_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
     """Dr. GRPO: ``A_i = r_i - mean_g`` (no division by the group's std, which biases toward easy/hard prompts).
 
@@ -78,7 +78,7 @@ def dr_grpo_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Ten
     return (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).view(-1)
 
 
-@ADVANTAGE_ESTIMATORS.register("rloo")
+@ADVANTAGE_ESTIMATORS.register("rloo", group_relative=True, trl_scale_rewards="none")
 def rloo_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
     """REINFORCE leave-one-out: ``A_i = r_i - (sum_{j != i} r_j) / (G - 1)``, i.e. ``G/(G-1) * (r_i - mean_g)``.
 
@@ -93,7 +93,41 @@ def rloo_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor
     return (grouped - baseline).view(-1)
 
 
-@ADVANTAGE_ESTIMATORS.register("maxrl", binary_rewards=True)
+def check_maxrl_rewards_stay_binary(config: Any) -> None:
+    """MaxRL needs 0/1 rewards: reward shaping that makes them non-binary needs ``maxrl_reward_threshold``."""
+    if config.maxrl_reward_threshold is not None:
+        return
+    for name, on in (
+        ("overlong_cache_length", config.overlong_cache_length is not None),
+        ("kl_in_reward", config.kl_in_reward and config.beta != 0.0),
+        ("multi_objective_aggregation", config.multi_objective_aggregation == "normalize_then_sum"),
+    ):
+        if on:
+            raise ValueError(
+                f"{name} shapes the reward, but advantage_estimator={config.advantage_estimator!r} needs binary "
+                f"rewards. Turn {name} off, or set maxrl_reward_threshold to binarize the shaped reward."
+            )
+
+
+_MAXRL_FIELDS = (
+    VariantField(
+        "maxrl_reward_threshold",
+        None,
+        "MaxRL: rewards >= this threshold count as successes. None = rewards must be 0/1.",
+        parameter="reward_threshold",
+        check=at_least(0, optional=True, note="or None"),
+    ),
+)
+
+
+@ADVANTAGE_ESTIMATORS.register(
+    "maxrl",
+    group_relative=True,
+    trl_scale_rewards="none",
+    binary_rewards=True,
+    fields=_MAXRL_FIELDS,
+    checks=(check_maxrl_rewards_stay_binary,),
+)
 def maxrl_advantages(
     rewards: torch.Tensor, num_generations: int, reward_threshold: float | None = None
 ) -> torch.Tensor:
@@ -119,7 +153,7 @@ def maxrl_advantages(
     return torch.where(success_rate > 0, advantages, torch.zeros_like(advantages)).view(-1)
 
 
-@ADVANTAGE_ESTIMATORS.register("batch")
+@ADVANTAGE_ESTIMATORS.register("batch", group_relative=True, trl_scale_rewards="batch")
 def batch_normalized_advantages(rewards: torch.Tensor, num_generations: int, epsilon: float = 1e-4) -> torch.Tensor:
     """Batch-level normalization: ``A_i = (r_i - mean_g) / (std_batch + eps)``, ``std_batch`` over all raw rewards.
 
@@ -130,7 +164,7 @@ def batch_normalized_advantages(rewards: torch.Tensor, num_generations: int, eps
     return ((grouped - torch.nanmean(grouped, dim=1, keepdim=True)) / (std + epsilon)).view(-1)
 
 
-@ADVANTAGE_ESTIMATORS.register("scalerl")
+@ADVANTAGE_ESTIMATORS.register("scalerl", group_relative=True, trl_scale_rewards="none")
 def scalerl_advantages(rewards: torch.Tensor, num_generations: int, epsilon: float = 1e-4) -> torch.Tensor:
     """ScaleRL: prompt-level centring, batch-level scaling of the *centred* advantages.
 
@@ -147,7 +181,7 @@ def scalerl_advantages(rewards: torch.Tensor, num_generations: int, epsilon: flo
     return centred / (std + epsilon)
 
 
-@ADVANTAGE_ESTIMATORS.register("batch_zscore")
+@ADVANTAGE_ESTIMATORS.register("batch_zscore", trl_scale_rewards="batch")
 def batch_zscore_advantages(rewards: torch.Tensor, num_generations: int, epsilon: float = 1e-4) -> torch.Tensor:
     """Batch standardisation: ``A_i = (r_i - mean_batch) / (std_batch + eps)``, both over every scored reward of the
     batch (no group baseline of its own).
@@ -195,3 +229,8 @@ def compute_advantages(
     if normalize:
         advantages = normalize_advantages(advantages)
     return torch.nan_to_num(advantages, nan=0.0)
+
+
+#: Estimators whose baseline is a statistic of the prompt's own group, so they need ``num_generations >= 2`` (their
+#: ``group_relative`` trait; ``batch`` still subtracts the group mean).
+GROUP_RELATIVE_ESTIMATORS = ADVANTAGE_ESTIMATORS.with_trait("group_relative")

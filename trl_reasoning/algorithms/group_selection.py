@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Sampler
 
 from .advantages import grouped_rewards
-from .registry import Registry
+from .registry import Registry, VariantField, one_of
 
 
 def informative_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
@@ -166,7 +166,38 @@ class ZeroVarianceFiltering(GroupSelection):
         return list(range(informative.numel())), informative.clone()
 
 
-@GROUP_SELECTIONS.register("dynamic")
+#: How extra dynamic-sampling rounds are sized: from the measured keep rate, or a full batch each (verl's DAPO).
+EXTRA_ROUND_SIZES = ("keep_rate", "full")
+
+
+def _check_round_limit(name: str, value: Any) -> None:
+    """The round limit of dynamic sampling is an ``int >= 1``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+    if value < 1:
+        raise ValueError(
+            f"{name} must be >= 1 (the number of generation rounds dynamic sampling may run per batch), got {value}."
+        )
+
+
+_DYNAMIC_SAMPLING_FIELDS = (
+    VariantField(
+        "max_num_gen_batches",
+        10,
+        "Dynamic sampling: the most generation rounds per batch (the first one included).",
+        check=_check_round_limit,
+    ),
+    VariantField(
+        "extra_round_size",
+        "keep_rate",
+        "Dynamic sampling: size extra rounds from the measured keep rate ('keep_rate') or generate a full batch each "
+        "round as verl does ('full').",
+        check=one_of(EXTRA_ROUND_SIZES),
+    ),
+)
+
+
+@GROUP_SELECTIONS.register("dynamic", fields=_DYNAMIC_SAMPLING_FIELDS)
 class DynamicSampling(GroupSelection):
     """DAPO's dynamic sampling: generate until ``target`` informative groups, at most ``limit`` rounds; keep exactly
     ``target`` groups, uninformative fillers (weight 0) when the rounds ran out (DAPO §3.2 Eq. 11)."""
@@ -182,10 +213,6 @@ class DynamicSampling(GroupSelection):
     def select(self, informative: torch.Tensor, target: int) -> tuple[list[int], torch.Tensor | None]:
         chosen, active = select_groups(informative.tolist(), target)
         return chosen, torch.tensor(active, dtype=torch.bool, device=informative.device)
-
-
-#: How extra dynamic-sampling rounds are sized: from the measured keep rate, or a full batch each (verl's DAPO).
-EXTRA_ROUND_SIZES = ("keep_rate", "full")
 
 
 def extra_round_groups(

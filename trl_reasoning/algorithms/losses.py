@@ -13,12 +13,14 @@ logs as means over unmasked tokens, under the key as metric name (e.g. ``"clip_r
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .registry import Registry
+from ..utils.user_warnings import user_stacklevel
+from .registry import Registry, VariantField, at_least, one_of
 
 PolicyLoss = Callable[..., torch.Tensor]
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
@@ -140,7 +142,19 @@ def importance_ratio(
     return torch.exp(log_ratio)
 
 
-@POLICY_LOSSES.register("clip", sequence_level=True)
+def check_clip_bounds(config: Any) -> None:
+    """The clip's upper bound ``1 + epsilon_high`` must not sit closer to 1 than its lower bound ``1 - epsilon``."""
+    epsilon_high = config.epsilon if config.epsilon_high is None else config.epsilon_high
+    if epsilon_high < config.epsilon:
+        raise ValueError(
+            f"epsilon_high={epsilon_high} is below epsilon={config.epsilon}: the clip's upper bound 1 + epsilon_high "
+            "would sit closer to 1 than its lower bound 1 - epsilon (DAPO's clip-higher is epsilon_high >= "
+            "epsilon). Raise epsilon_high, or lower epsilon."
+        )
+
+
+# sequence_level: importance_sampling_level="sequence" gives it one ratio per sequence (TRL's option).
+@POLICY_LOSSES.register("clip", sequence_level=True, checks=(check_clip_bounds,))
 def clip_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -163,9 +177,26 @@ def clip_loss(
     return _clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high, delta, stats).expand_as(logps)
 
 
+def warn_cispo_cap_below_one(config: Any) -> None:
+    """CISPO's ``epsilon_high`` is an absolute cap on the ratio: below 1 it shrinks every token's weight. TRL accepts
+    it (its cap defaults to ``epsilon=0.2`` when ``epsilon_high`` is unset), so this only warns."""
+    epsilon_high = config.epsilon if config.epsilon_high is None else config.epsilon_high
+    if epsilon_high < 1.0:
+        warnings.warn(
+            f"epsilon_high={epsilon_high} is below 1 with policy_loss={config.policy_loss!r}, where it is an absolute "
+            "cap on the importance ratio (TRL's semantics; the paper's 1 + eps_high): a cap below the on-policy ratio "
+            "1 shrinks every token's weight. TRL recommends epsilon_high=5.0 (ScaleRL found 4, 5 and 8 alike).",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+
+
 # async_ratio_to_sampler: on an asynchronous batch (async_rollouts) the trainer passes the sampler's log-probs as
-# old_logps: CISPO's weight is then min(pi / mu, c), as ScaleRL trains it with PipelineRL.
-@POLICY_LOSSES.register("cispo", sequence_level=True, async_ratio_to_sampler=True)
+# old_logps: CISPO's weight is then min(pi / mu, c), as ScaleRL trains it with PipelineRL. ignores_delta: TRL accepts
+# `delta` with this loss type and leaves it out of the loss (so does trl-reasoning, with a warning).
+@POLICY_LOSSES.register(
+    "cispo", sequence_level=True, async_ratio_to_sampler=True, ignores_delta=True, checks=(warn_cispo_cap_below_one,)
+)
 def cispo_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -187,7 +218,25 @@ def cispo_loss(
     return -torch.clamp(ratio, max=epsilon_high).detach() * advantages * logps
 
 
-@POLICY_LOSSES.register("sapo", sequence_level=True)
+_SAPO_FIELDS = (
+    VariantField(
+        "sapo_temperature_pos",
+        1.0,
+        "SAPO's gate temperature where the advantage is positive.",
+        parameter="sapo_temperature_pos",
+        defined_by_trl=True,
+    ),
+    VariantField(
+        "sapo_temperature_neg",
+        1.05,
+        "SAPO's gate temperature where the advantage is not positive.",
+        parameter="sapo_temperature_neg",
+        defined_by_trl=True,
+    ),
+)
+
+
+@POLICY_LOSSES.register("sapo", sequence_level=True, ignores_delta=True, fields=_SAPO_FIELDS)
 def sapo_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -253,7 +302,20 @@ def vespo_weights(
 # own_is_correction: the loss folds TRL's vLLM importance-sampling ratio into its own weight, so the trainer must not
 # multiply it on top (TRL skips that multiplication for loss_type="vespo" too). sequence_level: its ratio is always the
 # sequence's, whatever importance_sampling_level says (TRL accepts "sequence" with a warning).
-@POLICY_LOSSES.register("vespo", own_is_correction=True, sequence_level=True)
+_VESPO_FIELDS = tuple(
+    VariantField(
+        f"vespo_{name}", default, f"VESPO's gamma weight: {meaning}.", parameter=f"vespo_{name}", defined_by_trl=True
+    )
+    for name, default, meaning in (
+        ("k_pos", 2.0, "the power k where the advantage is >= 0"),
+        ("lambda_pos", 3.0, "the rate lambda where the advantage is >= 0"),
+        ("k_neg", 3.0, "the power k where the advantage is < 0"),
+        ("lambda_neg", 2.0, "the rate lambda where the advantage is < 0"),
+    )
+)
+
+
+@POLICY_LOSSES.register("vespo", own_is_correction=True, sequence_level=True, ignores_delta=True, fields=_VESPO_FIELDS)
 def vespo_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -350,9 +412,62 @@ def _dppo_required_inputs(divergence: str = "binary_tv", **_: Any) -> frozenset[
     return frozenset({"rollout_topk_logps"}) if divergence.startswith("topk_") else frozenset()
 
 
+def check_dppo_entropy(config: Any) -> None:
+    """The entropy bonus needs the entropy's gradient, which the top-K divergences' chunked forward does not give."""
+    if "rollout_topk_logps" in _dppo_required_inputs(config.dppo_divergence) and (
+        config.entropy_coef != 0.0 or config.use_adaptive_entropy
+    ):
+        raise ValueError(
+            f"entropy_coef / use_adaptive_entropy need the entropy's gradient, which dppo_divergence="
+            f"{config.dppo_divergence!r}'s chunked forward does not provide. Use 'binary_tv' or 'binary_kl', or set "
+            "entropy_coef=0.0 and use_adaptive_entropy=False."
+        )
+
+
+_DPPO_FIELDS = (
+    VariantField(
+        "dppo_divergence",
+        "binary_tv",
+        f"DPPO divergence: one of {', '.join(DPPO_DEFAULT_THRESHOLDS)}.",
+        parameter="divergence",
+        check=one_of(DPPO_DEFAULT_THRESHOLDS),
+    ),
+    VariantField(
+        "dppo_topk",
+        20,
+        "DPPO: K of the 'topk_tv' / 'topk_kl' divergences (the rollout's top-K tokens + rest).",
+        check=at_least(1, integer=True),
+    ),
+    VariantField(
+        "dppo_threshold",
+        None,
+        "DPPO trust-region threshold; None = paper default (0.15 for TV, 0.05 for KL).",
+        parameter="threshold",
+        check=at_least(0, optional=True, note="or None for the paper default"),
+    ),
+    VariantField(
+        "dppo_is_cap",
+        None,
+        "Optional cap C on DPPO's importance ratio pi / mu_rollout. None = no cap (the authors' runs).",
+        parameter="is_cap",
+        check=at_least(
+            1,
+            optional=True,
+            note="a cap on the ratio pi / mu_rollout below the on-policy ratio 1 shrinks every token's weight",
+        ),
+    ),
+)
+
+
 # ratio_to_rollout: the ratio is already taken against the rollout engine's log-probs, so TRL's vLLM
 # importance-sampling correction must not be applied on top. required_inputs: what generation must store.
-@POLICY_LOSSES.register("dppo", ratio_to_rollout=True, required_inputs=_dppo_required_inputs)
+@POLICY_LOSSES.register(
+    "dppo",
+    ratio_to_rollout=True,
+    required_inputs=_dppo_required_inputs,
+    fields=_DPPO_FIELDS,
+    checks=(check_dppo_entropy,),
+)
 def dppo_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -422,7 +537,11 @@ def sequence_clip_loss(
     return (per_sequence / lengths) * mask
 
 
-@POLICY_LOSSES.register("gspo")
+# sequence_ratio_of: this is "clip" with importance_sampling_level="sequence" (TRL's loss_type="grpo" with it);
+# default_aggregation: the aggregation it takes when neither loss_aggregation nor loss_type is set (TRL's grpo's).
+@POLICY_LOSSES.register(
+    "gspo", sequence_ratio_of="clip", default_aggregation="seq_mean_token_mean", checks=(check_clip_bounds,)
+)
 def gspo_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -453,6 +572,17 @@ def gspo_loss(
     )
 
 
+def base_objective(name: str) -> str:
+    """The objective ``name`` is a form of: ``"clip"`` for ``"gspo"`` (its sequence-ratio form), else ``name``."""
+    return POLICY_LOSSES.trait(name, "sequence_ratio_of") or name
+
+
+def sequence_ratio_form(name: str) -> str:
+    """The loss registered as ``name`` with the sequence ratio (``"gspo"`` for ``"clip"``), else ``name``."""
+    forms = [other for other in POLICY_LOSSES.with_trait("sequence_ratio_of") if base_objective(other) == name]
+    return forms[0] if forms else name
+
+
 def required_inputs(name: str, **loss_kwargs: Any) -> frozenset[str]:
     """What the policy loss ``name``, configured with ``loss_kwargs`` (e.g. ``divergence``), needs stored at
     generation time beyond TRL's batch: ``{"rollout_topk_logps"}`` for DPPO's top-K divergences, else nothing."""
@@ -471,7 +601,7 @@ def compute_policy_loss(
     """Per-token loss ``(B, T)`` of the policy objective registered as ``name``.
 
     Args:
-        name: a name in ``POLICY_LOSSES`` (``clip``, ``cispo``, ``dppo``, ``sequence_clip``, ``gspo``).
+        name: a name in ``POLICY_LOSSES``.
         logps: ``(B, T)`` log-probabilities of the sampled tokens under the current policy (with gradient).
         old_logps: ``(B, T)`` the behaviour policy's log-probabilities (no gradient).
         advantages: ``(B,)`` or ``(B, 1)`` one advantage per completion (or ``(B, T)`` per token).

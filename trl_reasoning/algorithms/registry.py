@@ -1,18 +1,82 @@
 """A tiny name -> function registry, shared by the math modules.
 
 Adding a variant (an advantage estimator, a policy loss, an aggregation) is one decorated function:
-the trainer looks functions up by the name given in the config, so nothing else changes. What a variant needs from
-the trainer is declared, not special-cased by name: its keyword parameters are filled by name from what the trainer
-has (``kwargs_for``), and ``traits`` given at registration say what else it needs or changes (``trait``).
+the trainer looks functions up by the name given in the config, so nothing else changes. A variant declares itself in
+its registration, and the config and the trainer ask the registry instead of comparing names:
+
+- its config fields (:class:`VariantField`: name, default, help, the function parameter each fills, a check of the
+  value), which the trainer hands to the function (``config_kwargs``) and ``ReasoningConfig`` validates;
+- the checks it makes on the whole config when it is chosen (``checks``: callables that raise a ``ValueError``
+  naming the field, or warn);
+- its traits (``trait``): what else it needs or changes (its ratio is the sequence's, it takes its ratio to the
+  sampler, its weights come from the micro-batch, it needs binary rewards, ...).
+
+Its one-line description is the first paragraph of its docstring (``description``). The remaining keyword
+parameters are filled by name from what the trainer has (``kwargs_for``).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 F = TypeVar("F", bound=Callable)
+
+#: ``check(field_name, value)``: raises a ``ValueError`` naming ``field_name`` when ``value`` is not allowed.
+FieldCheck = Callable[[str, Any], None]
+#: ``check(config)``: run when the variant is chosen; raises a ``ValueError`` naming the field (or warns).
+ConfigCheck = Callable[[Any], None]
+
+
+@dataclass(frozen=True)
+class VariantField:
+    """A config field a variant reads.
+
+    Attributes:
+        name: the field of ``ReasoningConfig`` (for example ``"dppo_threshold"``).
+        default: its default; ``ReasoningConfig`` declares the field with it (a test keeps TRL's own fields equal).
+        help: what the field means (its ``--help`` text when trl-reasoning declares it).
+        parameter: the keyword parameter of the variant's function the value fills, or ``None`` when another part
+            reads it (for example ``dppo_topk``, read at generation time).
+        check: ``check(name, value)`` raising a ``ValueError`` naming the field, run on every config.
+        defined_by_trl: the field is TRL's (``GRPOConfig`` declares it); only its routing is declared here.
+    """
+
+    name: str
+    default: Any
+    help: str
+    parameter: str | None = None
+    check: FieldCheck | None = None
+    defined_by_trl: bool = False
+
+
+def one_of(values: Iterable[str]) -> FieldCheck:
+    """A field check: the value must be one of ``values`` (the error lists them)."""
+    allowed = tuple(values)
+
+    def check(name: str, value: Any) -> None:
+        if value not in allowed:
+            raise ValueError(f"Unknown {name} {value!r}. Allowed values: {', '.join(allowed)}.")
+
+    return check
+
+
+def at_least(minimum: float, *, integer: bool = False, optional: bool = False, note: str = "") -> FieldCheck:
+    """A field check: the value must be ``>= minimum`` (an ``int``, not a ``bool``, when ``integer``; ``None`` passes
+    when ``optional``). ``note`` says why, in the error."""
+    kind = "an int " if integer else ""
+    why = f" ({note})" if note else ""
+
+    def check(name: str, value: Any) -> None:
+        if optional and value is None:
+            return
+        wrong_type = integer and (isinstance(value, bool) or not isinstance(value, int))
+        if wrong_type or value is None or value < minimum:
+            raise ValueError(f"{name} must be {kind}>= {minimum}{why}, got {value!r}.")
+
+    return check
 
 
 class Registry(Generic[F]):
@@ -22,12 +86,22 @@ class Registry(Generic[F]):
         self.kind = kind
         self._functions: dict[str, F] = {}
         self._traits: dict[str, dict[str, Any]] = {}
+        self._fields: dict[str, tuple[VariantField, ...]] = {}
+        self._checks: dict[str, tuple[ConfigCheck, ...]] = {}
         # name -> the keyword names its function takes (None: it takes **kwargs). Filled at registration: the
         # trainer asks on every step, and inspect.signature costs tens of microseconds a call.
         self._parameters: dict[str, frozenset[str] | None] = {}
 
-    def register(self, name: str, **traits: Any) -> Callable[[F], F]:
-        """Decorator that registers ``fn`` under ``name`` with optional ``traits``; a name can be registered once."""
+    def register(
+        self,
+        name: str,
+        *,
+        fields: Iterable[VariantField] = (),
+        checks: Iterable[ConfigCheck] = (),
+        **traits: Any,
+    ) -> Callable[[F], F]:
+        """Decorator that registers ``fn`` under ``name`` with the config ``fields`` it reads, the ``checks`` it makes
+        on a config that chooses it, and its ``traits``; a name can be registered once."""
 
         def decorator(fn: F) -> F:
             if name in self._functions:
@@ -36,6 +110,8 @@ class Registry(Generic[F]):
             takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
             self._functions[name] = fn
             self._traits[name] = dict(traits)
+            self._fields[name] = tuple(fields)
+            self._checks[name] = tuple(checks)
             self._parameters[name] = None if takes_any else frozenset(p.name for p in parameters)
             return fn
 
@@ -45,11 +121,25 @@ class Registry(Generic[F]):
         """Remove ``name`` (a variant registered for a test or an experiment); an unknown name raises."""
         self.get(name)
         del self._functions[name], self._traits[name], self._parameters[name]
+        del self._fields[name], self._checks[name]
 
     def trait(self, name: str, key: str, default: Any = None) -> Any:
         """The trait ``key`` that ``name`` was registered with (``default`` when it has none)."""
         self.get(name)  # an unknown name raises with the allowed values
         return self._traits[name].get(key, default)
+
+    def traits(self, name: str) -> dict[str, Any]:
+        """Every trait ``name`` was registered with (a copy)."""
+        self.get(name)
+        return dict(self._traits[name])
+
+    def with_trait(self, key: str) -> tuple[str, ...]:
+        """The names registered with a true trait ``key``, in registration order."""
+        return tuple(name for name in self._functions if self._traits[name].get(key))
+
+    def takes(self, name: str, parameter: str) -> bool:
+        """Whether the function ``name`` takes the keyword ``parameter`` (any keyword, when it takes ``**kwargs``)."""
+        return bool(self.kwargs_for(name, {parameter: None}))
 
     def kwargs_for(self, name: str, available: Mapping[str, Any]) -> dict[str, Any]:
         """The entries of ``available`` that the function ``name`` takes as parameters (all of them when it takes
@@ -60,6 +150,40 @@ class Registry(Generic[F]):
             return dict(available)
         return {key: value for key, value in available.items() if key in parameters}
 
+    def fields(self, name: str) -> tuple[VariantField, ...]:
+        """The config fields ``name`` declared, in declaration order."""
+        self.get(name)
+        return self._fields[name]
+
+    def declared_fields(self) -> dict[str, VariantField]:
+        """Every declared config field by its name, over all variants (first declaration wins)."""
+        declared: dict[str, VariantField] = {}
+        for fields in self._fields.values():
+            for variant_field in fields:
+                declared.setdefault(variant_field.name, variant_field)
+        return declared
+
+    def config_kwargs(self, name: str, config: Any) -> dict[str, Any]:
+        """``{parameter: value}`` of the fields ``name`` declared with a parameter, read from ``config``."""
+        return {f.parameter: getattr(config, f.name) for f in self.fields(name) if f.parameter is not None}
+
+    def check_fields(self, config: Any) -> None:
+        """Run every declared field's check on its value in ``config``, whichever variant is chosen."""
+        for variant_field in self.declared_fields().values():
+            if variant_field.check is not None:
+                variant_field.check(variant_field.name, getattr(config, variant_field.name))
+
+    def check_config(self, name: str, config: Any) -> None:
+        """Run the checks ``name`` declared on a ``config`` that chooses it."""
+        self.get(name)  # an unknown name raises with the allowed values
+        for check in self._checks[name]:
+            check(config)
+
+    def description(self, name: str) -> str:
+        """The first paragraph of the docstring of ``name``'s function, on one line."""
+        doc = inspect.getdoc(self.get(name)) or ""
+        return " ".join(doc.split("\n\n", 1)[0].split())
+
     def get(self, name: str) -> F:
         """The function registered as ``name``; an unknown name raises a ``ValueError`` listing the known ones."""
         try:
@@ -68,6 +192,7 @@ class Registry(Generic[F]):
             raise ValueError(f"Unknown {self.kind} {name!r}. Allowed values: {', '.join(self.names())}.") from None
 
     def names(self) -> tuple[str, ...]:
+        """Every registered name, in registration order."""
         return tuple(self._functions)
 
     def __contains__(self, name: object) -> bool:

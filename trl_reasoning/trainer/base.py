@@ -1000,26 +1000,20 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         )
 
     def _policy_loss_kwargs(self, inputs, topk_logps: torch.Tensor | None = None) -> dict[str, Any]:
-        """The config values and inputs the chosen policy loss takes (matched by parameter name)."""
+        """The config values and inputs the chosen policy loss takes (matched by parameter name); its own config
+        fields reach it through the fields its registration declares."""
         args = self.args
         available = {
             "epsilon_low": self.epsilon_low,
             "epsilon_high": self.epsilon_high,
             "delta": args.delta,
             "rollout_logps": inputs.get("sampling_per_token_logps"),
-            "divergence": args.dppo_divergence,
-            "threshold": args.dppo_threshold,
-            "is_cap": args.dppo_is_cap,
             "rollout_topk_logps": inputs.get("rollout_topk_logps"),
             "topk_logps": topk_logps,
             "importance_sampling_level": args.importance_sampling_level,
             "importance_sampling_ratio": inputs.get("importance_sampling_ratio"),
-            "sapo_temperature_pos": args.sapo_temperature_pos,
-            "sapo_temperature_neg": args.sapo_temperature_neg,
-            "vespo_k_pos": args.vespo_k_pos,
-            "vespo_lambda_pos": args.vespo_lambda_pos,
-            "vespo_k_neg": args.vespo_k_neg,
-            "vespo_lambda_neg": args.vespo_lambda_neg,
+            # the loss's own fields (DPPO's dppo_*, SAPO's sapo_*, ...), as its registration declares them
+            **POLICY_LOSSES.config_kwargs(args.policy_loss, args),
         }
         return POLICY_LOSSES.kwargs_for(args.policy_loss, available)
 

@@ -243,7 +243,8 @@ class Rollout:
             args.max_completion_length,
             active_groups,
             normalize_advantages=args.normalize_advantages,
-            reward_threshold=args.maxrl_reward_threshold,  # offered; taken by the estimators that declare it
+            # the estimator's own fields (MaxRL's maxrl_reward_threshold), as its registration declares them
+            **ADVANTAGE_ESTIMATORS.config_kwargs(args.advantage_estimator, args),
         )
         if active_rows is not None:
             output["row_active"] = active_rows[local_rows].to(loss_mask.dtype)
@@ -279,13 +280,11 @@ class Rollout:
         host, args = self.host, self.host.args
         metrics = host._metrics[mode]
         rewards = clip_rewards(combined.clone(), args.reward_clip_range)
-        if (
-            ADVANTAGE_ESTIMATORS.trait(args.advantage_estimator, "binary_rewards")
-            and args.maxrl_reward_threshold is None
-        ):
-            check_binary_rewards(
-                rewards_per_func, combined, host.reward_func_names, host.reward_weights, args.advantage_estimator
-            )
+        estimator = args.advantage_estimator
+        # an estimator that needs 0/1 rewards, unless its own reward_threshold field binarizes them
+        binarized = ADVANTAGE_ESTIMATORS.config_kwargs(estimator, args).get("reward_threshold") is not None
+        if ADVANTAGE_ESTIMATORS.trait(estimator, "binary_rewards") and not binarized:
+            check_binary_rewards(rewards_per_func, combined, host.reward_func_names, host.reward_weights, estimator)
         if args.overlong_cache_length is not None:
             penalty = overlong_penalty(lengths, args.max_completion_length, args.overlong_cache_length)
             rewards = rewards + penalty.to(rewards.dtype)
