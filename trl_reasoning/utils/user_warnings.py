@@ -17,7 +17,14 @@ import trl
 
 _LIBRARY_DIRS = tuple(
     os.path.dirname(module.__file__) + os.sep
-    for module in (sys.modules[__package__.partition(".")[0]], trl, transformers, accelerate, torch, os)  # os: the standard library
+    for module in (
+        sys.modules[__package__.partition(".")[0]],
+        trl,
+        transformers,
+        accelerate,
+        torch,
+        os,
+    )  # os: the standard library
 )
 
 
