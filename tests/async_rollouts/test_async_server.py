@@ -316,17 +316,18 @@ def test_a_push_that_waits_for_a_server_that_never_answers_is_an_error_in_bounde
     that never answers them is a ``GeneratorError`` after ``async_timeout`` (decided on the main process and shared
     with every rank), not a wait forever."""
     from trl_reasoning.async_rollouts.pipeline import trainable_parameters
-    from trl_reasoning.async_rollouts.process_generator import GenerationJob
+    from trl_reasoning.async_rollouts.protocols import GenerationJob, VersionedWeights
 
     trainer = _trainer(tiny_model_path, tmp_path, async_timeout=2.0, max_staleness=1, max_steps=4)
     generator = trainer.pipeline.generator
     prompt_ids = trainer.tokenize_prompts([make_prompts(1)[0]["prompt"]] * trainer.num_generations)
-    snapshot = {name: p.detach().clone() for name, p in trainable_parameters(trainer.model).items()}
+    params = trainable_parameters(trainer.model)
+    snapshot = VersionedWeights(0, {name: p.detach().clone() for name, p in params.items()})
     generator.submit(GenerationJob(0, prompt_ids, snapshot, seed=0))
     generator.result(0)
     trainer.vllm_generation.vllm_client.delay = 30.0  # the server stops answering
     generator.submit(GenerationJob(1, prompt_ids, snapshot, seed=0))  # the same weights: no push, sent at once
-    newer = {name: tensor.clone() for name, tensor in snapshot.items()}
+    newer = VersionedWeights(1, {name: tensor.clone() for name, tensor in snapshot.tensors.items()})
     started = time.monotonic()
     with pytest.raises(GeneratorError, match=r"did not answer the requests of generation steps \[1\] within 2 s"):
         generator.submit(GenerationJob(2, prompt_ids, newer, seed=0))  # a push: waits for step 1 first
@@ -401,7 +402,7 @@ def test_an_interpreter_that_ends_with_a_request_on_the_server_waits_for_it_and_
         "import trl.trainer.grpo_trainer as trl_grpo\n"
         "from test_async_server import ServerModeGeneration, _trainer, make_prompts\n"
         "from trl_reasoning.async_rollouts.pipeline import trainable_parameters\n"
-        "from trl_reasoning.async_rollouts.process_generator import GenerationJob\n"
+        "from trl_reasoning.async_rollouts.protocols import GenerationJob, VersionedWeights\n"
         "from pathlib import Path\n"
         "trl_grpo.VLLMGeneration = ServerModeGeneration\n"
         f"trainer = _trainer({tiny_model_path!r}, Path({str(tmp_path / 'out')!r}))\n"
@@ -414,7 +415,8 @@ def test_an_interpreter_that_ends_with_a_request_on_the_server_waits_for_it_and_
         "    return output\n"
         "server.generate = answered\n"
         "prompt_ids = trainer.tokenize_prompts([make_prompts(1)[0]['prompt']] * trainer.num_generations)\n"
-        "weights = {name: p.detach().clone() for name, p in trainable_parameters(trainer.model).items()}\n"
+        "params = trainable_parameters(trainer.model)\n"
+        "weights = VersionedWeights(0, {name: p.detach().clone() for name, p in params.items()})\n"
         "trainer.pipeline.generator.submit(GenerationJob(0, prompt_ids, weights, seed=0))\n"
         "import time\n"
         "while not server.in_flight:  # on the server, sampling\n"
@@ -426,3 +428,61 @@ def test_an_interpreter_that_ends_with_a_request_on_the_server_waits_for_it_and_
     assert "terminate called" not in result.stderr
     markers = [line for line in result.stdout.splitlines() if line in ("EXITING", "ANSWERED")]
     assert markers == ["EXITING", "ANSWERED"], (result.stdout[-3000:], result.stderr[-3000:])
+
+
+def test_weights_are_pushed_once_per_version_whatever_object_carries_them(server_standin, tiny_model_path, tmp_path):
+    """The server's transport pushes by the weights' version, not by the identity of the dict that carries them: a
+    converted copy of the weights on the server pushes nothing, a new version pushes once (after the requests sampled
+    with the old one), and after ``release`` (TRL's own sync may have changed the server) the next job pushes again."""
+    from trl_reasoning.async_rollouts.pipeline import trainable_parameters
+    from trl_reasoning.async_rollouts.protocols import GenerationJob, Generator, VersionedWeights
+
+    trainer = _trainer(tiny_model_path, tmp_path, max_staleness=1, max_steps=4)
+    server = trainer.vllm_generation.vllm_client
+    pushes = []
+    load = server.load
+
+    def counted(model):
+        pushes.append(fingerprint(model))
+        load(model)
+
+    server.load = counted
+    generator = trainer.pipeline.generator
+    assert isinstance(generator, Generator)
+    prompt_ids = trainer.tokenize_prompts([make_prompts(1)[0]["prompt"]] * trainer.num_generations)
+    weights = {name: p.detach().clone() for name, p in trainable_parameters(trainer.model).items()}
+    converted = {name: tensor.double().to(tensor.dtype) for name, tensor in weights.items()}  # new objects
+    newer = {name: tensor + 0.01 for name, tensor in weights.items()}
+    jobs = [(0, weights), (0, converted), (1, newer), (1, dict(newer))]
+    for step, (version, tensors) in enumerate(jobs):
+        generator.submit(GenerationJob(step, prompt_ids, VersionedWeights(version, tensors), seed=step))
+    assert len(pushes) == 2 and pushes[0] != pushes[1]
+    for step in range(len(jobs)):
+        generator.result(step)
+    assert [r["weights"] for r in _ahead_requests(trainer)] == [pushes[0]] * 2 + [pushes[1]] * 2
+    generator.release()
+    generator.submit(GenerationJob(4, prompt_ids, VersionedWeights(1, newer), seed=4))
+    generator.result(4)
+    assert len(pushes) == 3 and pushes[2] == pushes[1]
+    assert server.pushes_during_requests == 0
+    trainer.pipeline.close()
+
+
+def test_a_run_pushes_each_behaviour_version_once(server_standin, tiny_model_path, tmp_path):
+    """With k = 2 the batches of steps 0..3 are sampled by the weights of steps 0, 0, 0, 1: two pushes, however many
+    objects carry those weights on their way (the live parameters, snapshots)."""
+    trainer = _trainer(tiny_model_path, tmp_path, max_staleness=2, max_steps=4)
+    server = trainer.vllm_generation.vllm_client
+    pushes = []
+    load = server.load
+
+    def counted(model):
+        pushes.append(fingerprint(model))
+        load(model)
+
+    server.load = counted
+    timeline = Timeline(trainer)
+    trainer.add_callback(timeline)
+    trainer.train()
+    assert pushes == [timeline.weights[0], timeline.weights[1]]
+    assert [r["weights"] for r in _ahead_requests(trainer)] == [timeline.weights[max(g - 2, 0)] for g in range(4)]

@@ -224,3 +224,154 @@ def test_an_overlong_prompt_of_a_streamed_eval_dataset_is_still_skipped_by_name(
     split = "eval_dataset['arith']" if as_dict else "eval_dataset"
     assert len(skipped) == 1, skipped
     assert f"row 3 of the streamed {split} (505 tokens" in skipped[0] and "skipped" in skipped[0]
+
+
+# ---------------------------------------------------------------- the rollout parts' protocols and the TRL guard
+def _assigned(source: str) -> set[str]:
+    """The names a class's source assigns as ``self.NAME = ...`` (or in a tuple of them)."""
+    names = set()
+    for targets in re.findall(r"((?:self\.\w+\s*,\s*)*self\.\w+)\s*(?::[^=\n]+)?=(?!=)", source):
+        names.update(re.findall(r"self\.(\w+)", targets))
+    return names
+
+
+def _trl_names() -> set[str]:
+    """Instance attributes TRL's GRPOTrainer sets (and transformers' Trainer does not)."""
+    import inspect
+
+    import transformers
+
+    trainer_names = _assigned(inspect.getsource(transformers.Trainer)) | set(dir(transformers.Trainer))
+    return _assigned(inspect.getsource(GRPOTrainer)) - trainer_names
+
+
+def _host_protocols():
+    from trl_reasoning.async_rollouts import protocols
+    from trl_reasoning.trainer.rollout import RolloutHost
+
+    return {
+        RolloutHost: seam.TRL_INSTANCE_ATTRIBUTES,
+        protocols.AsyncRolloutHost: seam.TRL_INSTANCE_ATTRIBUTES,
+        protocols.VLLMBackendHost: seam.TRL_VLLM_INSTANCE_ATTRIBUTES,
+        protocols.GenerateBackendHost: seam.TRL_GENERATE_INSTANCE_ATTRIBUTES,
+    }
+
+
+def _trl_protocol_members() -> list[str]:
+    from trl_reasoning.async_rollouts.protocols import protocol_members
+
+    trl_names = _trl_names()
+    return sorted({name for protocol in _host_protocols() for name in protocol_members(protocol) if name in trl_names})
+
+
+def test_every_protocol_member_is_the_trainers_own_the_trainer_classes_or_guarded():
+    """A member of a rollout part's protocol either comes from TRL's GRPOTrainer and is in the guard list of its
+    backend, or is transformers' Trainer's, or trl-reasoning's trainer defines it."""
+    import inspect
+
+    import transformers
+
+    from trl_reasoning.async_rollouts.protocols import protocol_members
+
+    trl_names = _trl_names()
+    trainer_names = _assigned(inspect.getsource(transformers.Trainer)) | set(dir(transformers.Trainer))
+    own_classes = [k for k in seam.ReasoningTrainer.__mro__ if k.__module__.startswith("trl_reasoning")]
+    own = {name for k in own_classes for name in vars(k)} | {
+        name for k in own_classes for name in _assigned(inspect.getsource(k))
+    }
+    for protocol, guarded in _host_protocols().items():
+        for name in protocol_members(protocol):
+            if name in trl_names:
+                assert name in guarded, f"{protocol.__name__}.{name} comes from TRL and is not in its guard list"
+            else:
+                assert name in trainer_names or name in own, f"{protocol.__name__}.{name}: nobody sets it"
+    assert len(_trl_protocol_members()) >= 20, "the protocols name TRL's state: the check above is not vacuous"
+
+
+def test_the_protocols_name_exactly_what_the_rollout_parts_read():
+    """Every ``host.X`` of the rollout parts is a member of their protocol, and every member is read somewhere."""
+    from trl_reasoning.async_rollouts import protocols
+    from trl_reasoning.async_rollouts.protocols import protocol_members
+    from trl_reasoning.trainer.rollout import RolloutHost
+
+    package = Path(seam.__file__).parents[1]
+    parts = {
+        RolloutHost: [package / "trainer" / "rollout.py"],
+        protocols.AsyncRolloutHost: sorted((package / "async_rollouts").glob("*.py")),
+    }
+    backends = protocols.VLLMBackendHost, protocols.GenerateBackendHost
+    for protocol, files in parts.items():
+        read = set()
+        for path in files:
+            read |= set(re.findall(r"\bhost\.(\w+)", path.read_text()))
+            read |= set(re.findall(r"getattr\(host, \"(\w+)\"", path.read_text()))
+        named = set(protocol_members(protocol))
+        if protocol is protocols.AsyncRolloutHost:
+            named |= {name for backend in backends for name in protocol_members(backend)}
+        assert read - named == set(), f"read but not in {protocol.__name__}"
+        assert named - read == set(), f"in {protocol.__name__} but never read"
+
+
+def test_every_trl_attribute_the_package_reads_or_writes_is_guarded():
+    """``self.X`` in the trainer's classes and ``host.X`` / ``trainer.X`` anywhere in the package, where ``X`` is an
+    attribute TRL's GRPOTrainer sets: each is in TRL_INSTANCE_ATTRIBUTES or its backend's list."""
+    package = Path(seam.__file__).parents[1]
+    trainer_files = {"trainer/base.py", "trainer/topk_forward.py", "models/model_card.py"}
+    touched = {}
+    for path in package.rglob("*.py"):
+        relative = path.relative_to(package).as_posix()
+        text = path.read_text()
+        receivers = (
+            r"self|host|trainer" if relative in trainer_files or relative.startswith("presets/") else r"host|trainer"
+        )
+        for name in re.findall(rf"\b(?:{receivers})\.(\w+)", text):
+            touched.setdefault(name, set()).add(relative)
+    guarded = set(
+        seam.TRL_INSTANCE_ATTRIBUTES + seam.TRL_VLLM_INSTANCE_ATTRIBUTES + seam.TRL_GENERATE_INSTANCE_ATTRIBUTES
+    )
+    unguarded = {name: sorted(files) for name, files in touched.items() if name in _trl_names() - guarded}
+    assert not unguarded, f"TRL attributes read or written but not guarded: {unguarded}"
+
+
+def test_trls_init_still_sets_every_guarded_attribute():
+    import inspect
+
+    assert seam.trl_attribute_problems(inspect.getsource(GRPOTrainer.__init__)) == []
+
+
+@pytest.mark.parametrize("name", _trl_protocol_members())
+def test_a_protocol_attribute_that_trl_no_longer_sets_is_named(name):
+    """The guard reads TRL's ``__init__``: one that no longer sets a protocol's TRL attribute fails by that name."""
+    import inspect
+
+    source = re.sub(rf"\bself\.{re.escape(name)}\b", f"self.{name}_renamed", inspect.getsource(GRPOTrainer.__init__))
+    assert f"GRPOTrainer.__init__ no longer sets self.{name}" in seam.trl_attribute_problems(source)
+
+
+def test_a_built_trainer_without_a_protocol_attribute_is_named(tiny_model_path, tmp_path):
+    """On a built trainer (HF generate: the generate backend's protocol), removing any protocol attribute that comes
+    from TRL makes the seam check name it."""
+    from conftest import cpu_args, digit_fraction, make_prompts
+
+    import trl_reasoning as tr
+    from trl_reasoning.async_rollouts import protocols
+    from trl_reasoning.trainer.rollout import RolloutHost
+
+    trainer = tr.ReasoningTrainer(
+        model=tiny_model_path,
+        reward_funcs=digit_fraction,
+        args=tr.ReasoningConfig(**cpu_args(output_dir=str(tmp_path))),
+        train_dataset=make_prompts(),
+    )
+    checked = (RolloutHost, protocols.AsyncRolloutHost, protocols.GenerateBackendHost)
+    assert all(isinstance(trainer, protocol) for protocol in checked)
+    seam.check_rollout_host(trainer, *checked)
+    names = [name for name in _trl_protocol_members() if name not in seam.TRL_VLLM_INSTANCE_ATTRIBUTES]
+    assert "eos_token_ids" in names and "generation_config" in names
+    for name in names:
+        value = vars(trainer).pop(name)
+        try:
+            with pytest.raises(seam.TRLCompatibilityError, match=rf"\.{name}\b"):
+                seam.check_rollout_host(trainer, *checked)
+        finally:
+            setattr(trainer, name, value)

@@ -1,6 +1,7 @@
 """Floor 3, asynchronous rollouts: the pipeline that keeps generation k steps ahead of training with the behaviour
 policy's weights, and the generators it drives (in-process, a separate process, TRL's vLLM server).
-Imports the algorithms and utilities, never the trainer: what it needs from the trainer is named in its protocols.
+Imports the algorithms and utilities, never the trainer: what it needs from the trainer, what a generator is and how
+weights travel to it are named in ``protocols`` (``AsyncRolloutHost``, ``Generator``, ``WeightTransport``).
 
 ``trl_reasoning.async_rollouts`` was one module before 0.2; its names are still importable from here.
 """
@@ -14,13 +15,29 @@ from .pipeline import (
     async_rollouts_for,
     job_seed,
 )
+from .protocols import (
+    AsyncRolloutHost,
+    GenerateBackendHost,
+    GenerationJob,
+    Generator,
+    VersionedWeights,
+    VLLMBackendHost,
+    WeightTransport,
+)
 
 __all__ = [
     "ASYNC_STATE_FORMAT",
     "BEHAVIOUR_WEIGHTS_FILE",
     "AheadPipeline",
+    "AsyncRolloutHost",
     "AsyncRollouts",
     "BehaviourWeights",
+    "GenerateBackendHost",
+    "GenerationJob",
+    "Generator",
+    "VLLMBackendHost",
+    "VersionedWeights",
+    "WeightTransport",
     "async_rollouts_for",
     "job_seed",
 ]

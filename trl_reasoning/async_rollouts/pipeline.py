@@ -18,6 +18,13 @@ the trainable parameters (a LoRA run's adapters) only where a batch cannot be sa
 batches, the first batch after ``train()``, and, as the last ``k + 1`` snapshots swapped into the model around TRL's
 own generation, the features that sample or score a batch of step ``g`` only at step ``g``
 (:func:`snapshots_needed_by`).
+
+Seams (``trl_reasoning.async_rollouts.protocols``): :class:`AsyncRollouts` reads and writes its trainer only through
+the members ``AsyncRolloutHost`` names (with ``VLLMBackendHost`` or ``GenerateBackendHost``); :class:`AheadPipeline`
+holds its generator as a ``Generator`` (:class:`InProcessGenerator`, ``GeneratorProcess``, ``ServerGenerator``) and
+submits each batch with ``VersionedWeights`` whose version is the generation step the weights are from
+(:meth:`BehaviourWeights.versioned_for`); each generator's ``WeightTransport`` ships weights only when that version
+changes (:class:`ModelSwap` in the training process).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import os
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -36,13 +43,13 @@ from transformers import TrainerCallback
 from ..algorithms.importance_sampling import weight_share_changed
 from ..utils.user_warnings import user_stacklevel
 from .process_generator import (
-    GenerationJob,
     GeneratorError,
     GeneratorProcess,
     SamplingSettings,
     padded_batch,
     sample,
 )
+from .protocols import AsyncRolloutHost, GenerationJob, Generator, GeneratorResult, VersionedWeights
 from .sampler_logps import completion_logps, sampled_logps_recorded
 from .server_generator import ServerGenerator
 
@@ -64,7 +71,7 @@ def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter
 
 
 @contextlib.contextmanager
-def weights_swapped_in(params: dict[str, torch.nn.Parameter], weights: dict[str, torch.Tensor]) -> Iterator[None]:
+def weights_swapped_in(params: dict[str, torch.nn.Parameter], weights: Mapping[str, torch.Tensor]) -> Iterator[None]:
     """Within the block, ``params`` hold ``weights`` (a snapshot of them); afterwards, exactly what they held before."""
     missing = sorted(set(params) - set(weights))
     if missing:
@@ -84,9 +91,35 @@ def weights_swapped_in(params: dict[str, torch.nn.Parameter], weights: dict[str,
                 param.copy_(current[name])
 
 
-def is_live(weights: dict[str, torch.Tensor], params: dict[str, torch.nn.Parameter]) -> bool:
-    """Whether ``weights`` are the parameters themselves (the model's weights now), not a snapshot of them."""
-    return weights.keys() == params.keys() and all(weights[name] is param for name, param in params.items())
+class ModelSwap:
+    """The ``WeightTransport`` of the training process (``async_generator="inline"``, and the model TRL's sync sends
+    to a vLLM server): within :meth:`holding` the trainer's own model holds a job's weights, swapped in (and the
+    model's own swapped back afterwards) unless their version is the one the model holds now.
+
+    Args:
+        params: the model's trainable parameters (:func:`trainable_parameters`).
+        model_version: the generation step whose weights the model holds: the last one recorded, as the pipeline
+            submits only between a step's recording and its optimizer step (``None`` before the first).
+    """
+
+    def __init__(self, params: Callable[[], dict[str, torch.nn.Parameter]], model_version: Callable[[], int | None]):
+        self._params = params
+        self._model_version = model_version
+
+    @property
+    def held_version(self) -> int | None:
+        return self._model_version()
+
+    @contextlib.contextmanager
+    def holding(self, weights: VersionedWeights) -> Iterator[None]:
+        if weights.version == self.held_version:
+            yield
+            return
+        with weights_swapped_in(self._params(), weights.tensors):
+            yield
+
+    def forget(self) -> None:
+        """Nothing is kept: the model's version is read from the trainer at each :meth:`holding`."""
 
 
 class BehaviourWeights:
@@ -185,6 +218,11 @@ class BehaviourWeights:
             f"the behaviour weights of generation step {step} (the weights of step {source}) are not kept: "
             f"{'the snapshots of steps ' + str(kept) + ' are' if kept else 'no snapshot is'}"
         )
+
+    def versioned_for(self, step: int, current: dict[str, torch.Tensor] | None = None) -> VersionedWeights:
+        """:meth:`weights_for`, with their version: the generation step they are from (:meth:`source_of`)."""
+        tensors = self.weights_for(step, current)
+        return VersionedWeights(self.source_of(step), tensors)
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -331,7 +369,7 @@ def resolve_async_rollouts(requested: bool | None, problem: str | None, config_n
     return False
 
 
-def snapshots_needed_by(host) -> str | None:
+def snapshots_needed_by(host: AsyncRolloutHost) -> str | None:
     """Why an asynchronous run must keep the last ``k + 1`` snapshots of its trainable weights (``None``: it keeps the
     sampled batches instead). Sampling batch ``g + k`` at step ``g`` needs its prompts then and one sampling call per
     batch; what samples or scores a batch of step ``g`` only at step ``g``, with the weights of ``g - k``, needs those
@@ -478,18 +516,24 @@ class ReadAhead:
 class InProcessGenerator:
     """The generator of :class:`AheadPipeline` for ``async_generator="inline"`` without snapshots: it samples a job
     in the training process as soon as it is submitted (the batch of step ``g + k`` at step ``g``, with the weights
-    the model holds then) and keeps the sampled batch until it is collected. The same ``submit`` / ``result`` /
-    ``close`` as :class:`~trl_reasoning.async_rollouts.process_generator.GeneratorProcess`; nothing overlaps.
+    the model holds then) and keeps the sampled batch until it is collected. A ``Generator`` (the same ``submit`` /
+    ``result`` / ``close`` as :class:`~trl_reasoning.async_rollouts.process_generator.GeneratorProcess`); nothing
+    overlaps.
 
     Args:
-        sample: samples one job, returning ``(completion ids, sampled-token log-probs)``.
+        sample: samples one job with the weights the model holds, returning ``(completion ids, sampled-token
+            log-probs)``.
+        transport: puts the job's weights in the model around ``sample`` (:class:`ModelSwap`).
     """
 
     alive = True
     last_ranked = None
 
-    def __init__(self, sample: Callable[[GenerationJob], tuple[list[list[int]], list[list[float]]]]):
+    def __init__(
+        self, sample: Callable[[GenerationJob], tuple[list[list[int]], list[list[float]]]], transport: ModelSwap
+    ):
         self._sample = sample
+        self.transport = transport
         self._done: dict[int, tuple[list[list[int]], list[list[float]], float]] = {}
         self.submitted: set[int] = set()
 
@@ -497,11 +541,15 @@ class InProcessGenerator:
         if job.step in self.submitted:
             return
         started = time.perf_counter()
-        completions, logps = self._sample(job)
+        with self.transport.holding(job.weights):
+            completions, logps = self._sample(job)
         self._done[job.step] = (completions, logps, time.perf_counter() - started)
         self.submitted.add(job.step)
 
-    def result(self, step: int) -> tuple[list[list[int]], list[list[float]], float, float]:
+    def release(self) -> None:
+        """Nothing to wait for: every job was sampled at its submission."""
+
+    def result(self, step: int) -> GeneratorResult:
         """``(completions, log-probs, seconds spent sampling them, 0.0)``: sampled at submission, nothing to wait for."""
         completions, logps, seconds = self._done.pop(step)
         self.submitted.discard(step)
@@ -531,7 +579,7 @@ class AheadPipeline(TrainerCallback):
     def __init__(
         self,
         behaviour: BehaviourWeights,
-        start_generator: Callable[[], GeneratorProcess | ServerGenerator | InProcessGenerator],
+        start_generator: Callable[[], Generator],
         tokenize: Callable[[list], list[list[int]]],
         seed_of: Callable[[int], int],
         current_weights: Callable[[], dict[str, torch.Tensor]],
@@ -542,8 +590,7 @@ class AheadPipeline(TrainerCallback):
         self._tokenize = tokenize
         self._seed_of = seed_of
         self._current_weights = current_weights
-        self._current: tuple[int, dict[str, torch.Tensor]] | None = None  # (generation step, the model's weights)
-        self._generator: GeneratorProcess | ServerGenerator | InProcessGenerator | None = None
+        self._generator: Generator | None = None
         self._jobs: dict[int, tuple[list, list[list[int]]]] = {}  # submitted, not yet collected: prompts, their ids
         self._ready: dict[int, tuple] = {}  # sampled and taken from the generator: completions, log-probs, s, top-K
         self._restored: dict[int, dict[str, Any]] = {}  # a checkpoint's batches, until their step submits them
@@ -552,19 +599,16 @@ class AheadPipeline(TrainerCallback):
         self.last_ranked: tuple[list, list, list] | None = None  # a vLLM server's top-K of the last batch (DPPO)
 
     @property
-    def generator(self) -> GeneratorProcess | ServerGenerator | InProcessGenerator:
+    def generator(self) -> Generator:
         """The generator, started at first use (a worker that died is reported by the next wait, never replaced)."""
         if self._generator is None:
             self._generator = self._start_generator()
         return self._generator
 
     def _weights_now(self) -> dict[str, torch.Tensor]:
-        """The model's trainable weights at the current generation step: one dict per step, so that the jobs of a step
-        share it (a vLLM server gets them pushed once)."""
-        newest = self.behaviour.generation_steps - 1
-        if self._current is None or self._current[0] != newest:
-            self._current = (newest, self._current_weights())
-        return self._current[1]
+        """The model's trainable weights: those of the current generation step (the pipeline submits between a step's
+        recording and its optimizer step)."""
+        return self._current_weights()
 
     def submit(self, step: int, prompts: list) -> None:
         """Send the batch of generation ``step`` (its ``prompts``, this process's rows) to the generator, once (or
@@ -586,10 +630,10 @@ class AheadPipeline(TrainerCallback):
         generator = self.generator
         prompt_ids = self._tokenize(prompts)
         try:
-            weights = self.behaviour.weights_for(step, self._weights_now())
+            weights = self.behaviour.versioned_for(step, self._weights_now())
         except LookupError as missing:
             restart_pipeline(self.behaviour, missing)
-            weights = self.behaviour.weights_for(step, self._weights_now())
+            weights = self.behaviour.versioned_for(step, self._weights_now())
         self._jobs[step] = (prompts, prompt_ids)
         generator.submit(GenerationJob(step, prompt_ids, weights, self._seed_of(step)))
 
@@ -638,13 +682,13 @@ class AheadPipeline(TrainerCallback):
             self.last_wait_seconds = 0.0
         else:
             completions, logps, self.last_generation_seconds, self.last_wait_seconds = self.generator.result(step)
-            self.last_ranked = getattr(self.generator, "last_ranked", None)
+            self.last_ranked = self.generator.last_ranked
         return {"prompt_ids": prompt_ids, "completion_ids": completions, "logprobs": logps}
 
     def release_engine(self) -> None:
         """Before the trainer's own generation (an evaluation, an extra dynamic-sampling round): a vLLM server first
         answers what it was sent ahead, and gets the next batch's weights pushed again afterwards."""
-        if isinstance(self._generator, ServerGenerator):
+        if self._generator is not None:
             self._generator.release()
 
     # ----------------------------------------------------------------------------------------------- checkpoints
@@ -654,7 +698,7 @@ class AheadPipeline(TrainerCallback):
         for step in sorted(self._jobs):
             if step not in self._ready:
                 completions, logps, seconds, _ = self.generator.result(step)
-                self._ready[step] = (completions, logps, seconds, getattr(self.generator, "last_ranked", None))
+                self._ready[step] = (completions, logps, seconds, self.generator.last_ranked)
         batches = {
             step: {
                 "prompts": self._jobs[step][0],
@@ -677,7 +721,6 @@ class AheadPipeline(TrainerCallback):
             self._generator = None
         self._jobs.clear()
         self._ready.clear()
-        self._current = None
         if not keep_restored:
             self._restored.clear()
         self.read_ahead = ReadAhead(self.behaviour.max_staleness)  # a later train() reads from its own position
@@ -694,7 +737,7 @@ class AheadPipeline(TrainerCallback):
         self.close()
 
 
-def async_rollouts_for(host) -> AsyncRollouts | None:
+def async_rollouts_for(host: AsyncRolloutHost) -> AsyncRollouts | None:
     """The asynchronous side of ``host``'s rollouts, or ``None`` when it trains synchronously (``async_rollouts``:
     ``True`` is an error where the run cannot, ``None`` is on where it can and a warning where it cannot)."""
     zero_stage = getattr(getattr(host.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0)
@@ -713,19 +756,25 @@ class AsyncRollouts:
     or ``"server"``), and TRL's own generation of a training batch with the behaviour weights swapped in.
 
     The trainer (``host``, the seam) calls :meth:`begin_generation_step` at each generation step, :meth:`generate` in
-    place of TRL's ``_generate``, :meth:`scoring` around TRL's scoring of a batch, and lends it: ``trl_generate(prompts)``
-    (TRL's ``_generate``), ``behaviour_logps(output)``, ``tokenize_prompts(prompts)``, and TRL's state (``args``,
-    ``model``, ``accelerator``, ``use_vllm``, ``_last_loaded_step``,
-    ``rollout_func``, ``vllm_generation``, ``_metrics``, ``_tokenizer``, ``_engine_topk`` and the sampling settings).
+    place of TRL's ``_generate``, :meth:`scoring` around TRL's scoring of a batch, and lends it what
+    :class:`~trl_reasoning.async_rollouts.protocols.AsyncRolloutHost` names (TRL's ``_generate`` as ``trl_generate``,
+    ``behaviour_logps``, ``tokenize_prompts``, and the Trainer's and TRL's state), with
+    :class:`~trl_reasoning.async_rollouts.protocols.VLLMBackendHost` or
+    :class:`~trl_reasoning.async_rollouts.protocols.GenerateBackendHost` by backend.
     """
 
-    def __init__(self, host):
+    def __init__(self, host: AsyncRolloutHost):
         self.host = host
         #: Why this run keeps ``k + 1`` snapshots of the trainable weights (``None``: it keeps the sampled batches).
         self.snapshot_reason = snapshots_needed_by(host)
         self.behaviour = BehaviourWeights(host.args.max_staleness, keep_all=self.snapshot_reason is not None)
         self.generates_with_vllm = host.use_vllm  # use_vllm reads True while TRL scores a batch (see scoring)
         self.generation_round = 0  # generation calls so far in this generation step (dynamic sampling: several)
+        # the training process's weight transport: the in-process generator's, and what TRL's sync sends to a server
+        self.model_swap = ModelSwap(
+            lambda: trainable_parameters(host.model),
+            lambda: self.behaviour.generation_steps - 1 if self.behaviour.generation_steps else None,
+        )
         samples_ahead = host.args.async_generator != "inline" or self.snapshot_reason is None
         self.pipeline = self._ahead_pipeline() if samples_ahead else None
         if self.pipeline is not None:
@@ -738,7 +787,7 @@ class AsyncRollouts:
         if args.async_generator == "inline":  # snapshots_needed_by found nothing it cannot sample ahead
             return AheadPipeline(
                 self.behaviour,
-                start_generator=lambda: InProcessGenerator(self._sample_in_process),
+                start_generator=lambda: InProcessGenerator(self._sample_in_process, self.model_swap),
                 tokenize=host.tokenize_prompts,
                 seed_of=lambda step: job_seed(args.seed, step, 0, host.accelerator.process_index),
                 current_weights=lambda: trainable_parameters(host.model),
@@ -792,27 +841,24 @@ class AsyncRollouts:
             current_weights=lambda: trainable_parameters(host.model),
         )
 
-    def _push_behaviour_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """``async_generator="server"``: TRL's weight sync with ``weights`` swapped into the model (the model's own
-        weights are pushed as they are); TRL's own paths sync the current weights again before they next sample
-        (evaluation)."""
-        params = trainable_parameters(self.host.model)
-        swap = contextlib.nullcontext() if is_live(weights, params) else weights_swapped_in(params, weights)
-        with swap:
+    def _push_behaviour_weights(self, weights: VersionedWeights) -> None:
+        """``async_generator="server"`` (called by its transport when the version changes): TRL's weight sync with
+        ``weights`` in the model (:class:`ModelSwap`: the model's own weights are pushed as they are); TRL's own paths
+        sync the current weights again before they next sample (evaluation)."""
+        with self.model_swap.holding(weights):
             self.host.vllm_generation.sync_weights()
         self.host._last_loaded_step = -1
 
     def _sample_in_process(self, job: GenerationJob) -> tuple[list[list[int]], list[list[float]]]:
         """``async_generator="inline"`` sampling ahead: ``generate`` as TRL's ``_generate_single_turn`` calls it (the
-        worker process's :func:`~trl_reasoning.async_rollouts.process_generator.sample`) on the trainer's own model, with the job's
-        weights and seed, and the sampled tokens' log-probabilities under those weights."""
+        worker process's :func:`~trl_reasoning.async_rollouts.process_generator.sample`) on the trainer's own model
+        (which holds the job's weights: :class:`InProcessGenerator` swaps them in), with the job's seed, and the
+        sampled tokens' log-probabilities under those weights."""
         from trl.models import unwrap_model_for_generation
 
         host = self.host
-        params = trainable_parameters(host.model)
-        swap = contextlib.nullcontext() if is_live(job.weights, params) else weights_swapped_in(params, job.weights)
         settings = self._settings()
-        with swap, seeded_sampling(job.seed):
+        with seeded_sampling(job.seed):
             with unwrap_model_for_generation(
                 host.model_wrapped,
                 host.accelerator,

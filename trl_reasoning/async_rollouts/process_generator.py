@@ -12,6 +12,11 @@ The worker holds its own copy of the model (rebuilt from the config and the weig
 LoRA run); a job ships only the trainable weights, in shared memory. It knows nothing of trainers or TRL: the
 generation is written here as TRL 1.16's ``GRPOTrainer._generate_single_turn`` does it with ``generate`` (prompts
 left-padded, every token after the first EOS dropped).
+
+Seams (``trl_reasoning.async_rollouts.protocols``): :class:`GeneratorProcess` is a ``Generator``; its
+``WeightTransport`` is :class:`SharedMemoryTransport`, which packs a job's ``VersionedWeights`` into one shared block
+per dtype only when their version changes (the jobs of one step share one block). What crosses the queue is a
+:class:`WorkerJob`, the job with that block.
 """
 
 from __future__ import annotations
@@ -28,20 +33,23 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from .protocols import GenerationJob, GeneratorResult, VersionedWeights, VersionGate
 from .sampler_logps import completion_logps, sampled_logps_recorded
 
 
 @dataclasses.dataclass
-class GenerationJob:
-    """One batch to sample: ``prompt_ids`` (this process's rows), the behaviour weights, the seed."""
+class WorkerJob:
+    """A :class:`~trl_reasoning.async_rollouts.protocols.GenerationJob` as it crosses to the worker: its weights are
+    the shared-memory block of :func:`packed` (see :class:`SharedMemoryTransport`)."""
 
     step: int
     prompt_ids: list[list[int]]
-    weights: dict[str, torch.Tensor]
+    packed_weights: dict[str, Any]
     seed: int
 
 
@@ -164,6 +172,32 @@ def packed(weights: dict[str, torch.Tensor]) -> dict[str, Any]:
     }
 
 
+class SharedMemoryTransport:
+    """The ``WeightTransport`` of a worker process: the block of :func:`packed` the next jobs carry, packed again only
+    when a job's weights have another version than the block's (the jobs of one step share one block)."""
+
+    def __init__(self):
+        self.block: dict[str, Any] | None = None
+        self._gate = VersionGate(self._pack)
+
+    def _pack(self, weights: VersionedWeights) -> None:
+        self.block = packed(dict(weights.tensors))
+
+    @property
+    def held_version(self) -> int | None:
+        """The version of :attr:`block` (``None``: none packed yet)."""
+        return self._gate.held_version
+
+    @contextlib.contextmanager
+    def holding(self, weights: VersionedWeights) -> Iterator[dict[str, Any]]:
+        """Yields the shared block that holds ``weights`` (packed now only if their version is new)."""
+        self._gate.update(weights)
+        yield self.block
+
+    def forget(self) -> None:
+        self._gate.forget()
+
+
 def unpacked(weights: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The inverse of :func:`packed` (views into the shared blocks)."""
     tensors = {}
@@ -222,7 +256,7 @@ def _worker(recipe: dict[str, Any], settings: SamplingSettings, jobs, results, p
             return
         try:
             with torch.no_grad():
-                for name, tensor in unpacked(job.weights).items():
+                for name, tensor in unpacked(job.packed_weights).items():
                     params[name].copy_(tensor)
             started = time.perf_counter()
             torch.manual_seed(job.seed)
@@ -302,6 +336,8 @@ class GeneratorProcess:
     to ``log_path`` (``None``: nowhere) rather than to this process's stdout and stderr, and leaves Ctrl-C to this
     process: an interrupt while it starts stops it before the ``KeyboardInterrupt`` goes on."""
 
+    last_ranked = None  # HF generate reports no top-K of its own
+
     def __init__(
         self, model: torch.nn.Module, settings: SamplingSettings, timeout: float, log_path: str | None = None
     ):
@@ -311,7 +347,7 @@ class GeneratorProcess:
         self._done: dict[int, tuple] = {}
         self.submitted: set[int] = set()
         self._process = None
-        self._packed: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None  # the last weights shipped, packed
+        self.transport = SharedMemoryTransport()
         self._ready = False
         try:
             recipe = model_recipe(model)
@@ -335,12 +371,14 @@ class GeneratorProcess:
     def submit(self, job: GenerationJob) -> None:
         if job.step in self.submitted:
             return
-        if self._packed is None or self._packed[0] is not job.weights:  # the jobs of one step share their weights
-            self._packed = (job.weights, packed(job.weights))
-        self._jobs.put(dataclasses.replace(job, weights=self._packed[1]))
+        with self.transport.holding(job.weights) as block:
+            self._jobs.put(WorkerJob(job.step, job.prompt_ids, block, job.seed))
         self.submitted.add(job.step)
 
-    def result(self, step: int) -> tuple[list[list[int]], list[list[float]], float, float]:
+    def release(self) -> None:
+        """Nothing to wait for: the worker's weights change only with the jobs it is sent."""
+
+    def result(self, step: int) -> GeneratorResult:
         """``(completions, log-probs, seconds the worker spent on it, seconds this call waited for it)``."""
         started = time.perf_counter()
         completions, logps, seconds = self._wait_for(step)

@@ -20,24 +20,30 @@ A request can be abandoned (a ``train()`` that raised, then a new one) but not c
 it, no generator of the same client pushes weights (the next push first waits for it, at most ``timeout`` seconds),
 and the interpreter waits for it at exit (at most until its ``timeout`` runs out), so that no request thread is left
 running while Python shuts down.
+
+Seams (``trl_reasoning.async_rollouts.protocols``): :class:`ServerGenerator` is a ``Generator``; its
+``WeightTransport`` is :class:`ServerWeightSync`, which pushes a job's ``VersionedWeights`` with TRL's sync only when
+their version is not the one on the server (after the requests in flight are answered), and forgets that version
+whenever anything else may make the server sync (:meth:`ServerGenerator.release`).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import queue
 import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
 from accelerate.utils import broadcast_object_list, gather_object
 
 from ..algorithms.logprobs import engine_sampled_logprobs
-from .process_generator import GenerationJob, GeneratorError
+from .process_generator import GeneratorError
+from .protocols import GenerationJob, GeneratorResult, VersionedWeights, VersionGate
 
 #: ``VLLMGeneration`` attributes that give the sampling parameters of a request, read as its ``generate`` reads them.
 SAMPLING_ATTRIBUTES = (
@@ -100,6 +106,33 @@ def _wait_for_requests_at_exit() -> None:
         generator.wait_for_thread()
 
 
+class ServerWeightSync:
+    """The ``WeightTransport`` of a vLLM server: ``push`` (TRL's weight sync, every rank) puts a job's weights on the
+    server, after ``before_push`` (every rank: waiting for the requests sampled with the weights there now), only when
+    their version is not the one last pushed."""
+
+    def __init__(self, push: Callable[[VersionedWeights], None], before_push: Callable[[], None]):
+        self._push, self._before_push = push, before_push
+        self._gate = VersionGate(self._ship)
+
+    def _ship(self, weights: VersionedWeights) -> None:
+        self._before_push()
+        self._push(weights)
+
+    @property
+    def held_version(self) -> int | None:
+        """The version on the server (``None``: unknown, the next job's weights are pushed)."""
+        return self._gate.held_version
+
+    @contextlib.contextmanager
+    def holding(self, weights: VersionedWeights) -> Iterator[None]:
+        self._gate.update(weights)
+        yield
+
+    def forget(self) -> None:
+        self._gate.forget()
+
+
 class ServerGenerator:
     """The generator of :class:`~trl_reasoning.async_rollouts.pipeline.AheadPipeline` for a vLLM server: the same
     ``submit`` / ``result`` / ``close`` as :class:`~trl_reasoning.async_rollouts.process_generator.GeneratorProcess`.
@@ -107,7 +140,8 @@ class ServerGenerator:
     Args:
         vllm_generation: the trainer's ``VLLMGeneration`` (server mode): its client and sampling settings.
         accelerator: the trainer's accelerator (the ranks' prompts are gathered, the completions broadcast).
-        push_weights: puts the given behaviour weights on the server (TRL's weight sync with them swapped in).
+        push_weights: puts the given behaviour weights on the server (TRL's weight sync with them swapped in); called
+            by :class:`ServerWeightSync` only when their version changes.
         num_generations: completions per prompt.
         timeout: seconds to wait for a request before a :class:`GeneratorError`.
     """
@@ -117,16 +151,15 @@ class ServerGenerator:
         *,
         vllm_generation: Any,
         accelerator: Any,
-        push_weights: Callable[[dict[str, torch.Tensor]], None],
+        push_weights: Callable[[VersionedWeights], None],
         num_generations: int,
         timeout: float,
     ):
         self._vllm = vllm_generation
         self._accelerator = accelerator
-        self._push_weights = push_weights
         self._num_generations = num_generations
         self.timeout = timeout
-        self._on_server: dict[str, torch.Tensor] | None = None  # the snapshot last pushed; None: unknown
+        self.transport = ServerWeightSync(push_weights, before_push=self.release)
         self._rows: dict[int, int] = {}  # generation step -> this rank's rows
         self.submitted: set[int] = set()
         self._requests: queue.Queue = queue.Queue()
@@ -135,6 +168,7 @@ class ServerGenerator:
         self._ledger = _requests_of(vllm_generation.vllm_client)
         self._changed = self._ledger.changed
         self._thread: threading.Thread | None = None
+        self._closed = False
         #: ``(completion_ids, ranked log-probs, ranked token ids)`` of the last batch returned, when the server
         #: reported more than the sampled token (DPPO top-K's ``logprobs=K``): the engine's own top-K.
         self.last_ranked: tuple[list, list, list] | None = None
@@ -149,19 +183,16 @@ class ServerGenerator:
         if job.step in self.submitted:
             return
         all_prompt_ids = gather_object(job.prompt_ids)
-        if job.weights is not self._on_server:
-            self.release()
-            self._push_weights(job.weights)
-            self._on_server = job.weights
-        if self._main:
-            self._start_thread()
-            with self._changed:
-                self._in_flight.add(job.step)
-            self._requests.put((job.step, all_prompt_ids[:: self._num_generations]))
+        with self.transport.holding(job.weights):
+            if self._main:
+                self._start_thread()
+                with self._changed:
+                    self._in_flight.add(job.step)
+                self._requests.put((job.step, all_prompt_ids[:: self._num_generations]))
         self.submitted.add(job.step)
         self._rows[job.step] = len(job.prompt_ids)
 
-    def result(self, step: int) -> tuple[list[list[int]], list[list[float]], float, float]:
+    def result(self, step: int) -> GeneratorResult:
         """``(completions, sampled-token log-probs, seconds the server took, seconds this call waited)`` for this
         rank's rows of generation ``step``."""
         started = time.perf_counter()
@@ -219,7 +250,7 @@ class ServerGenerator:
                         self._changed.wait(timeout=self._seconds_to_next_deadline())
         box = [error]
         broadcast_object_list(box, from_process=0)  # no rank goes on to a collective the main one left
-        self._on_server = None
+        self.transport.forget()
         if box[0] is not None:
             raise GeneratorError(box[0])
 
@@ -227,6 +258,7 @@ class ServerGenerator:
         """Send nothing more: the requests still queued are dropped; the thread ends at once when no request of this
         generator is on the server, else when the server answers it (abandoned: the next push, by any generator of
         this client, and the interpreter's exit wait for it)."""
+        self._closed = True
         if self._thread is None:
             return
         with self._changed:
@@ -241,6 +273,11 @@ class ServerGenerator:
             busy = any(owner == id(self) for owner, _ in self._ledger.sent)
         if not busy:
             self._thread.join(timeout=5.0)
+
+    @property
+    def alive(self) -> bool:
+        """Whether it still sends requests (until :meth:`close`)."""
+        return not self._closed
 
     def wait_for_thread(self) -> None:
         """Wait for the request thread to end, at most until the request it is on runs out of ``timeout``."""

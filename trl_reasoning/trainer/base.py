@@ -5,10 +5,16 @@ Two parts answer "where does a batch come from": ``rollout.Rollout`` (generation
 selection, retirement) and, with ``async_rollouts``, ``async_rollouts.AsyncRollouts`` (the behaviour weights and the
 generator that samples ahead). The trainer calls them and lends them TRL's methods (``trl_round``, ``trl_generate``,
 ``behaviour_logps``, ``tokenize_prompts``); "how is it trained on" is this module's loss path (``_compute_loss``).
+What each part may read from or write to the trainer is a ``Protocol``: ``rollout.RolloutHost`` and
+``async_rollouts.protocols.AsyncRolloutHost`` (with ``VLLMBackendHost`` or ``GenerateBackendHost`` by backend),
+checked by name when a trainer is built (:func:`check_rollout_host`).
 
 This is the only module that overrides TRL's private methods. All of them are listed in ``TRL_PRIVATE_API`` with
 the parameter names checked against ``TRL_CHECKED_VERSION``; ``check_trl_private_api`` (run when a trainer is built
-and by a test) fails loudly, naming the method, when an installed TRL no longer matches.
+and by a test) fails loudly, naming the method, when an installed TRL no longer matches. Every ``GRPOTrainer``
+attribute the package reads or writes is in ``TRL_INSTANCE_ATTRIBUTES`` (or, set by TRL for one generation backend
+only, ``TRL_VLLM_INSTANCE_ATTRIBUTES`` / ``TRL_GENERATE_INSTANCE_ATTRIBUTES``), checked in TRL's ``__init__`` source
+by ``check_trl_private_api`` and on the built trainer.
 
 How a step works, on top of TRL's ``GRPOTrainer``:
 
@@ -32,6 +38,7 @@ import contextlib
 import inspect
 import logging
 import os
+import re
 import warnings
 import weakref
 from typing import Any
@@ -58,6 +65,7 @@ from ..algorithms.losses import POLICY_LOSSES, compute_policy_loss
 from ..algorithms.trl_mirror import k3_kl, masked_means_over_processes
 from ..algorithms.truncation import sampling_truncation
 from ..async_rollouts.pipeline import async_rollouts_for
+from ..async_rollouts.protocols import AsyncRolloutHost, GenerateBackendHost, VLLMBackendHost, missing_members
 from ..async_rollouts.server_generator import SAMPLING_ATTRIBUTES
 from ..config import ReasoningConfig
 from ..models.lm_head import cast_lm_head_to_fp32, unwrap_peft
@@ -71,7 +79,7 @@ from ..utils.user_warnings import user_stacklevel
 from .checkpoints import last_complete_checkpoint
 from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
 from .prompt_lengths import ContextGuard, render_prompts
-from .rollout import Rollout, loss_tokens
+from .rollout import Rollout, RolloutHost, loss_tokens
 from .topk_forward import FORWARD_KEYS, TopKForwardMixin, model_inputs
 
 logger = logging.getLogger(__name__)
@@ -151,7 +159,9 @@ TRANSFORMERS_PRIVATE_API: dict[str, tuple[str, ...]] = {
 #: The per-token outputs GRPOTrainer asks of its fused LM head (TRL 1.16, ``GRPOTrainer.__init__``).
 TRL_FUSED_LM_HEAD_OUTPUTS = ("log_probs", "entropy")
 
-#: ``GRPOTrainer`` instance attributes read by the overrides (set in TRL's ``__init__``).
+#: ``GRPOTrainer`` instance attributes the package reads or writes (set in TRL's ``__init__`` whatever the generation
+#: backend): the overrides', and those of the rollout parts' protocols that come from TRL (``RolloutHost``,
+#: ``AsyncRolloutHost``).
 TRL_INSTANCE_ATTRIBUTES = (
     "_metrics",
     "_logs",
@@ -188,11 +198,48 @@ TRL_INSTANCE_ATTRIBUTES = (
     "tools",
     "chat_template",
     "chat_template_kwargs",
+    "ref_model",
+    # asynchronous rollouts: the processes' sampling settings, and TRL's rollout_func path that decodes a batch
+    # sampled ahead
+    "eos_token_ids",
+    "pad_to_multiple_of",
+    "rollout_func",
 )
 
 
-#: ``GRPOTrainer`` instance attributes read when ``use_vllm`` (by ``topk_forward``, for DPPO's engine top-K).
-TRL_VLLM_INSTANCE_ATTRIBUTES = ("vllm_generation", "vllm_mode")
+#: ``GRPOTrainer`` instance attributes set only when ``use_vllm`` and read then (by ``topk_forward``, for DPPO's engine
+#: top-K; by asynchronous rollouts, ``VLLMBackendHost``, which also write ``_last_loaded_step`` to make TRL sync).
+TRL_VLLM_INSTANCE_ATTRIBUTES = ("vllm_generation", "vllm_mode", "_last_loaded_step")
+#: ``GRPOTrainer`` instance attributes set only without vLLM (HF ``generate`` samples) and read then, by asynchronous
+#: rollouts that sample outside TRL's ``_generate`` (``GenerateBackendHost``).
+TRL_GENERATE_INSTANCE_ATTRIBUTES = ("generation_config", "generation_kwargs")
+
+
+def trl_instance_attributes(use_vllm: bool) -> tuple[str, ...]:
+    """The ``GRPOTrainer`` instance attributes a trainer with this generation backend must have."""
+    backend = TRL_VLLM_INSTANCE_ATTRIBUTES if use_vllm else TRL_GENERATE_INSTANCE_ATTRIBUTES
+    return TRL_INSTANCE_ATTRIBUTES + backend
+
+
+def trl_attribute_problems(init_source: str) -> list[str]:
+    """The guarded instance attributes that ``GRPOTrainer.__init__`` (its source, ``init_source``) no longer sets."""
+    every = TRL_INSTANCE_ATTRIBUTES + TRL_VLLM_INSTANCE_ATTRIBUTES + TRL_GENERATE_INSTANCE_ATTRIBUTES
+    return [
+        f"GRPOTrainer.__init__ no longer sets self.{name}"
+        for name in every
+        if not re.search(rf"\bself\.{re.escape(name)}\s*(?::[^=\n]+)?(?:,\s*self\.\w+\s*)*=(?!=)", init_source)
+    ]
+
+
+def check_rollout_host(trainer: Any, *protocols: type) -> None:
+    """Raise :class:`TRLCompatibilityError` naming every member of ``protocols`` (the rollout parts' seams:
+    ``RolloutHost``, ``AsyncRolloutHost`` and its backend's) that ``trainer`` lacks."""
+    problems = [f"{protocol.__name__}.{name}" for protocol in protocols for name in missing_members(trainer, protocol)]
+    if problems:
+        raise TRLCompatibilityError(
+            f"{type(trainer).__name__} lacks {', '.join(problems)}, which trl-reasoning's rollout parts read: the "
+            f"installed TRL or transformers no longer sets them (checked against TRL {TRL_CHECKED_VERSION})."
+        )
 
 
 class TRLCompatibilityError(RuntimeError):
@@ -218,7 +265,8 @@ def _signature_problems(owner: str, namespace: Any, expected_parameters: dict[st
 
 def check_trl_private_api(trainer_class: type = GRPOTrainer) -> None:
     """Raise :class:`TRLCompatibilityError` naming every entry of ``TRL_PRIVATE_API`` that ``trainer_class`` lacks or
-    whose leading parameters changed (likewise ``TRL_HELPER_FUNCTIONS`` and ``TRL_VLLM_GENERATION``)."""
+    whose leading parameters changed (likewise ``TRL_HELPER_FUNCTIONS`` and ``TRL_VLLM_GENERATION``), and every
+    guarded instance attribute that TRL's ``GRPOTrainer.__init__`` no longer sets."""
     import trl
     import trl.trainer.utils as trl_utils
     from transformers.generation.utils import GenerationMixin
@@ -230,6 +278,7 @@ def check_trl_private_api(trainer_class: type = GRPOTrainer) -> None:
     problems += _signature_problems("VLLMGeneration", VLLMGeneration, TRL_VLLM_GENERATION)
     problems += _signature_problems("VLLMClient", VLLMClient, TRL_VLLM_CLIENT_GENERATE)
     problems += _signature_problems("transformers GenerationMixin", GenerationMixin, TRANSFORMERS_PRIVATE_API)
+    problems += trl_attribute_problems(inspect.getsource(GRPOTrainer.__init__))
     class_source = inspect.getsource(VLLMGeneration)
     for attribute in TRL_VLLM_GENERATION_ATTRIBUTES:
         if f"self.{attribute} =" not in class_source:
@@ -303,8 +352,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             args.cast_lm_head_to_fp32 = args.cast_lm_head_to_fp32 or own_fp32_head
         if own_fp32_head:
             self._cast_peft_lm_head_to_fp32()
-        expected = TRL_INSTANCE_ATTRIBUTES + (TRL_VLLM_INSTANCE_ATTRIBUTES if self.use_vllm else ())
-        missing = [name for name in expected if not hasattr(self, name)]
+        missing = [name for name in trl_instance_attributes(self.use_vllm) if not hasattr(self, name)]
         if missing:
             raise TRLCompatibilityError(
                 f"The installed TRL's GRPOTrainer no longer sets {', '.join(missing)}, which trl-reasoning reads "
@@ -329,7 +377,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         ]
         self._scored_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         # Where a batch comes from: generation rounds, shaping, group selection, prompt sampling (its state is saved
-        # in checkpoints).
+        # in checkpoints). It and the asynchronous rollouts read this trainer only through their protocols.
+        check_rollout_host(self, RolloutHost)
         self.rollout = Rollout(self)
         self.add_callback(self.rollout.callback)
         # Non-finite loss guard: compute_loss records each micro-batch, the optimizer's step reads it.
@@ -340,6 +389,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             self._keep_engine_topk()
         # Asynchronous rollouts (trl_reasoning.async_rollouts.pipeline): the behaviour policy's weights, saved in checkpoints,
         # and the generator that samples ahead.
+        check_rollout_host(self, AsyncRolloutHost, VLLMBackendHost if self.use_vllm else GenerateBackendHost)
         self.async_rollouts = async_rollouts_for(self)
         self.behaviour = self.async_rollouts and self.async_rollouts.behaviour
         self.pipeline = self.async_rollouts and self.async_rollouts.pipeline

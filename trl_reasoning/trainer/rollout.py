@@ -7,14 +7,16 @@ regroups rows of several rounds (all processes take the same decisions, on gathe
 advantage and loss weight on the whole batch. How the batch is then trained on is the trainer's loss
 (``ReasoningTrainer._compute_loss``).
 
-The rollout never touches TRL's private methods: its host (the trainer, the seam) lends it exactly these:
+The rollout never touches TRL's private methods: its host (the trainer) lends it exactly what :class:`RolloutHost`
+names (the seam, checked when a trainer is built):
 
 - ``trl_round(inputs)``: TRL's generation and scoring of some rows, with the rewards per function and the completion
   lengths of the gathered batch;
 - ``behaviour_logps(output)``: the sampled tokens' log-probabilities under the policy now (RLOO's KL in the reward);
 - ``rollout_topk(output, mode)`` and ``check_context_length(output)``;
-- its TRL state: ``args``, ``accelerator``, ``num_generations(_eval)``, ``beta``, ``reward_weights``,
-  ``reward_func_names``, ``_metrics``, ``_logs``, ``_tokenizer``, ``train_dataset``, ``shuffle_dataset``, ``state``.
+- the Trainer's state (``args``, ``accelerator``, ``state``, ``train_dataset``) and TRL's (``num_generations(_eval)``,
+  ``beta``, ``reward_weights``, ``reward_func_names``, ``_metrics``, ``_logs``, ``_tokenizer``, ``shuffle_dataset``,
+  ``environment_factories``), which the trainer's TRL-API guard (``TRL_INSTANCE_ATTRIBUTES``) checks.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import copy
 import dataclasses
 import os
 import warnings
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from accelerate.utils import gather_object
@@ -65,6 +67,42 @@ from ..utils.user_warnings import user_stacklevel
 from .checkpoints import SAMPLING_STATE_FILE, read_sampling_state, write_json_atomically
 
 
+@runtime_checkable
+class RolloutHost(Protocol):
+    """What :class:`Rollout` reads from (and, where marked, writes to) its trainer. Members from
+    ``GRPOTrainer.__init__`` are in the TRL-API guard (``trl_reasoning.trainer.base.TRL_INSTANCE_ATTRIBUTES``)."""
+
+    # lent by trl-reasoning's trainer
+    def trl_round(self, inputs: list[dict]) -> tuple[dict, torch.Tensor, torch.Tensor]: ...
+
+    def behaviour_logps(self, output: dict) -> torch.Tensor: ...
+
+    def rollout_topk(self, output: dict, mode: str) -> dict[str, torch.Tensor]: ...
+
+    def check_context_length(self, output: dict) -> None: ...
+
+    @property
+    def _uses_topk_divergence(self) -> bool: ...
+
+    # transformers.Trainer's
+    args: Any
+    accelerator: Any
+    state: Any
+    train_dataset: Any
+
+    # GRPOTrainer's (TRL_INSTANCE_ATTRIBUTES)
+    num_generations: int
+    num_generations_eval: int
+    beta: float
+    reward_weights: torch.Tensor
+    reward_func_names: list[str]
+    _metrics: dict  # written: this package's metrics
+    _logs: dict  # written: the advantages of the completions table
+    _tokenizer: Any
+    shuffle_dataset: bool
+    environment_factories: dict | None
+
+
 class DynamicSamplingWarning(UserWarning):
     """Dynamic sampling ran out of generation rounds before the batch was full of informative groups."""
 
@@ -104,7 +142,7 @@ def task_reward_columns(
     return torch.tensor([name in task_reward_funcs for name in available], dtype=torch.bool), False
 
 
-def _environment_owns_prompts(host) -> bool:
+def _environment_owns_prompts(host: RolloutHost) -> bool:
     """No-positive-resampling retires prompts by the text of the dataset's ``prompt`` column. Where an environment
     supplies the prompts (TRL 1.16's ``environment_factory`` with no ``prompt`` column, or no dataset: TRL's placeholder
     rows of empty prompts) every row has the same key, and one passing group would retire them all: nothing is retired
@@ -135,7 +173,7 @@ class Rollout:
         host: the trainer whose TRL machinery generates and scores (``ReasoningTrainer``).
     """
 
-    def __init__(self, host):
+    def __init__(self, host: RolloutHost):
         self.host = host
         args = host.args
         # Which reward functions make the task reward. retirement_off: no-positive-resampling is on, but what a pass
