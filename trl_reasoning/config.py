@@ -1,6 +1,6 @@
 """``ReasoningConfig``: every field of TRL's ``GRPOConfig`` plus the fields that pick an algorithm's pieces by name.
 
-Floor 1 (imports TRL's config, never a trainer). A config resolves TRL's own loss settings (``loss_type``,
+Floor 3 of docs/architecture.md (imports TRL's config, never a trainer). A config resolves TRL's own loss settings (``loss_type``,
 ``scale_rewards``) into this package's registries, validates every field at construction with a message that names
 it, and records which values it derived (for the model card). ``preset_default`` re-declares a field with a preset's
 default; ``trl_reasoning.trainer.base`` re-exports both.

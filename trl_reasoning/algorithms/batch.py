@@ -1,4 +1,4 @@
-"""Floor 0, the batch: advantages and loss weights of a gathered batch and its active groups, and row regrouping.
+"""The batch: advantages and loss weights of a gathered batch and its active groups, and row regrouping.
 
 Pure tensors, no trainer: the seam hands in the gathered rewards and token counts, gets the per-row advantages and
 loss weights ``w_i`` back (``docs/algorithms.md``, "Loss aggregation": fixed on the whole global batch), and scatters

@@ -1,6 +1,6 @@
 """Memory-bounded log-probabilities over the vocabulary: the rollout top-K and the current policy's log-probs at ids.
 
-Floor 0 (pure torch, no TRL import). Used by DPPO's top-K divergence (``docs/algorithms.md``, "DPPO's divergence
+Pure torch, no TRL import. Used by DPPO's top-K divergence (``docs/algorithms.md``, "DPPO's divergence
 mask"; DPPO, arXiv 2602.04879): at generation time the rollout distribution's top-K tokens and their log-probs are
 stored; in the loss the current policy is evaluated at the same ids. Neither step may hold more than one
 ``[batch, T, vocab]`` tensor, so every function here walks the positions in chunks of ``chunk_size`` rows and only ever

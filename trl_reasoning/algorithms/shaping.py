@@ -1,4 +1,4 @@
-"""Floor 0, reward shaping on a gathered batch: the combined and task rewards (TRL's two multi-objective
+"""Reward shaping on a gathered batch: the combined and task rewards (TRL's two multi-objective
 aggregations), reward clipping, the binary-reward check, RLOO's KL-in-reward. Pure tensors; the DAPO overlong penalty
 itself is :func:`trl_reasoning.rewards.wrapping.overlong_penalty`.
 

@@ -1,6 +1,6 @@
 """The FP32 LM head of MiniMax-M1 (arXiv 2506.13585, §3.2) and ScaleRL (arXiv 2510.13786, §3), on any causal LM.
 
-Floor ½: knows models and torch, not TRL. TRL's `cast_lm_head_to_fp32` reaches the input embeddings as
+Knows models and torch, not TRL. TRL's `cast_lm_head_to_fp32` reaches the input embeddings as
 `model.model.embed_tokens`, which a PEFT-wrapped model does not have (`PeftModel.model` is the causal LM, whose
 backbone holds `embed_tokens`), so TRL 1.16 fails at construction for LoRA/QLoRA on a model with tied embeddings
 (Qwen2.5-0.5B/1.5B, Llama-3.2-1B/3B). [`cast_lm_head_to_fp32`] does the same cast through

@@ -1,4 +1,4 @@
-"""The trainer's own checkpoint file and what makes a checkpoint folder complete (floor 1: files, no TRL import).
+"""The trainer's own checkpoint file and what makes a checkpoint folder complete (files only, no TRL import).
 
 Every checkpoint of a trl-reasoning trainer holds, next to the HF Trainer's files, ``trl_reasoning_sampling_state.json``:
 the prompt-sampling state (ScaleRL's retired prompts, DAPO's extra-prompt stream, the sampler's epoch) that a resumed

@@ -1,6 +1,6 @@
 """The non-finite-step guard: an optimizer step whose loss was NaN or infinite is skipped, not taken.
 
-Floor 0 (no TRL import). The trainer records, once per micro-batch, whether any process saw a non-finite loss (a
+No TRL import. The trainer records, once per micro-batch, whether any process saw a non-finite loss (a
 collective, so every process skips the same steps) and installs the guard on its optimizer; the guard skips the next
 ``optimizer.step`` after a flagged micro-batch, warns, and after more than ``patience`` skipped steps in a row
 raises :class:`NonFiniteLossError` (the parameters are then those of the last finite step).

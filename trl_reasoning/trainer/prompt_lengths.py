@@ -1,4 +1,4 @@
-"""Prompts that cannot fit the model's context together with a completion (floor ½: tokenizer-level, no TRL import).
+"""Prompts that cannot fit the model's context together with a completion (tokenizer-level, no TRL import).
 
 Past ``max_position_embeddings`` a model computes log-probabilities at positions it never saw (or fails outright, with
 learned absolute positions), so such a prompt must not reach generation. TRL 1.16 lets transformers warn at generation
