@@ -3,7 +3,7 @@ policy's weights, and the generators it drives (in-process, a separate process, 
 Imports the algorithms and utilities, never the trainer: what it needs from the trainer, what a generator is and how
 weights travel to it are named in ``protocols`` (``AsyncRolloutHost``, ``Generator``, ``WeightTransport``).
 
-``trl_reasoning.async_rollouts`` was one module before 0.2; its names are still importable from here.
+``trl_reasoning.async_rollouts`` was one module in 0.1; its names are still importable from here.
 """
 
 from .pipeline import (

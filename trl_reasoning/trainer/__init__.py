@@ -2,7 +2,7 @@
 ``base.TRL_PRIVATE_API`` and checked against the installed TRL), the rollout side (generation rounds, scoring,
 group selection), DPPO's top-K forward, checkpoint files, the non-finite-step guard and prompt-length checks.
 
-``trl_reasoning.trainer`` was one module before 0.2; its names are still importable from here.
+``trl_reasoning.trainer`` was one module in 0.1; its names are still importable from here.
 """
 
 from .base import (
