@@ -315,14 +315,22 @@ def _processing_class(model_name_or_path: str):
     return load_tokenizer(model_name_or_path) if has_generic_tokenizer(model_name_or_path) else None
 
 
-def _prescan(argv: Sequence[str], key: str) -> Any:
-    """The value of `--key` on the command line, else of `key:` in the `--config` YAML, else `None`."""
+def _prescan_flag(argv: Sequence[str], key: str) -> Any:
+    """The value of `--key` on the command line (`True` for a bare flag), else `None`."""
     flag = f"--{key}"
     for i, arg in enumerate(argv):
         if arg == flag:
             return argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else True
         if arg.startswith(flag + "="):
             return arg.split("=", 1)[1]
+    return None
+
+
+def _prescan(argv: Sequence[str], key: str) -> Any:
+    """The value of `--key` on the command line, else of `key:` in the `--config` YAML, else `None`."""
+    value = _prescan_flag(argv, key)
+    if value is not None:
+        return value
     if "--config" in argv:
         import yaml
 
@@ -384,6 +392,7 @@ def _demo_description() -> str:
 def parse(command: str, argv: Sequence[str]) -> tuple:
     """Parse `argv` for `command` into its dataclasses (the YAML of `--config` first, then the flags)."""
     argv = list(argv)
+    _check_recipe_path(argv)
     defaults: dict[str, Any] = {}
     if command == "demo":
         from .demo.run import DEFAULT_MODEL, FAST_DEMO_DEFAULTS, TINY_MODEL, demo_training_defaults
@@ -403,6 +412,37 @@ def parse(command: str, argv: Sequence[str]) -> tuple:
         _, training_args, *_ = parsed
         training_args.output_dir = fill_preset_name(training_args.output_dir, command)
     return parsed
+
+
+#: Recipes of 0.1 (one copy per preset) and where what they held lives now: the preset is the subcommand.
+_MOVED_RECIPES = {
+    re.compile(r"(?:^|.*/)recipes/(\w+)/qwen2\.5-1\.5b-gsm8k(-lora|-qlora|-vllm)?\.yaml$"): (
+        lambda m: f"trl-reasoning {m.group(1)} --config recipes/gsm8k/qwen2.5-1.5b{m.group(2) or ''}.yaml"
+    ),
+    re.compile(r"(?:^|.*/)recipes/dapo/smollm2-135m-arithmetic-cpu\.yaml$"): (
+        lambda m: "trl-reasoning dapo --config recipes/arithmetic/smollm2-135m-cpu.yaml"
+    ),
+    re.compile(r"(?:^|.*/)recipes/dapo/tiny-reverse-cpu\.yaml$"): (
+        lambda m: "trl-reasoning dapo --config recipes/reverse/tiny-cpu.yaml"
+    ),
+}
+
+
+def _check_recipe_path(argv: Sequence[str]) -> None:
+    """A `--config` file that does not exist is named (with the new place of a recipe 0.1 shipped per preset)."""
+    path = _prescan_flag(argv, "config")
+    if not isinstance(path, str) or os.path.isfile(path):
+        return
+    message = f"--config {path}: no such recipe file."
+    for pattern, replacement in _MOVED_RECIPES.items():
+        if match := pattern.match(path.replace(os.sep, "/")):
+            message += (
+                f" The recipes are one per task and model now, the preset is the subcommand: {replacement(match)}"
+            )
+            break
+    else:
+        message += " `trl-reasoning recipes` lists the shipped ones (`--copy DIR` copies them)."
+    raise SystemExit(f"trl-reasoning: {message}")
 
 
 #: Written in a recipe's `output_dir`, becomes the algorithm subcommand's name, so one recipe serves every preset
@@ -581,6 +621,7 @@ def _usage() -> str:
             f"  {name:<10} train with {trainer.__name__} ({config.__name__})"
             for name, (config, trainer) in TRAINERS.items()
         ],
+        "  train      --preset NAME: the same as the preset's command (a recipe serves every preset)",
         "  demo       the offline demo: warm start, RL, before/after table, curves, model card",
         "  eval       pass@k of a saved model on a dataset with a reward function",
         "  recipes    list the shipped recipes (YAML); --copy DIR copies them",
@@ -690,6 +731,22 @@ def _launch(launch_args: list[str], command: str, rest: list[str]) -> None:
     launch_command(arguments)
 
 
+def _preset_of_train(argv: list[str]) -> tuple[str, list[str]]:
+    """`train --preset NAME ...` is `NAME ...`: the preset's subcommand with the other arguments."""
+    for i, arg in enumerate(argv):
+        if arg == "--preset" and i + 1 < len(argv):
+            name, rest = argv[i + 1], argv[:i] + argv[i + 2 :]
+            break
+        if arg.startswith("--preset="):
+            name, rest = arg.split("=", 1)[1], argv[:i] + argv[i + 1 :]
+            break
+    else:
+        raise SystemExit(f"trl-reasoning train: --preset is required, one of {', '.join(TRAINERS)}.")
+    if name not in TRAINERS:
+        raise SystemExit(f"trl-reasoning train: unknown --preset {name!r}, one of {', '.join(TRAINERS)}.")
+    return name, rest
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the `trl-reasoning` console script (exit status 0 on success)."""
     run(argv)
@@ -707,6 +764,8 @@ def run(argv: Sequence[str] | None = None) -> Any:
         print(_usage())
         return None
     command, rest = argv[0], argv[1:]
+    if command == "train":
+        command, rest = _preset_of_train(rest)
     if command == "recipes":
         return recipes_command(rest)
     if command == "model":

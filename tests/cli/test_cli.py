@@ -207,3 +207,37 @@ def test_launch_flags_go_to_accelerate():
     assert rest == ["--learning_rate", "1e-5"]
     with pytest.raises(SystemExit, match="--num_processes needs a value"):
         cli._launch_arguments(["--num_processes"])
+
+
+def test_train_with_a_preset_is_the_presets_command(tmp_path):
+    recipe = str(ROOT / "recipes" / "gsm8k" / "qwen2.5-1.5b-lora.yaml")
+    assert cli._preset_of_train(["--preset", "cispo", "--config", recipe]) == ("cispo", ["--config", recipe])
+    assert cli._preset_of_train(["--config", recipe, "--preset=dr_grpo"]) == ("dr_grpo", ["--config", recipe])
+    with pytest.raises(SystemExit, match="--preset is required, one of dapo, cispo"):
+        cli.run(["train", "--config", recipe])
+    with pytest.raises(SystemExit, match="unknown --preset 'grpo'"):
+        cli.run(["train", "--preset", "grpo"])
+    command, rest = cli._preset_of_train(["--preset", "rloo", "--config", recipe, "--use_cpu", "--bf16", "false"])
+    _, training_args, *_ = cli.parse(command, rest)
+    assert type(training_args).__name__ == "RLOOConfig"
+
+
+@pytest.mark.parametrize(
+    ("old", "hint"),
+    [
+        (
+            "recipes/cispo/qwen2.5-1.5b-gsm8k-qlora.yaml",
+            "trl-reasoning cispo --config recipes/gsm8k/qwen2.5-1.5b-qlora.yaml",
+        ),
+        (
+            "x/recipes/dr_grpo/qwen2.5-1.5b-gsm8k.yaml",
+            "trl-reasoning dr_grpo --config recipes/gsm8k/qwen2.5-1.5b.yaml",
+        ),
+        ("recipes/dapo/smollm2-135m-arithmetic-cpu.yaml", "--config recipes/arithmetic/smollm2-135m-cpu.yaml"),
+        ("my/own.yaml", "`trl-reasoning recipes` lists the shipped ones"),
+    ],
+)
+def test_a_missing_recipe_file_is_named_with_where_an_old_recipe_went(old, hint):
+    with pytest.raises(SystemExit) as raised:
+        cli.run(["dapo", "--config", old])
+    assert f"--config {old}: no such recipe file" in str(raised.value) and hint in str(raised.value)
