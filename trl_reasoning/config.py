@@ -1,8 +1,8 @@
 """``ReasoningConfig``: every field of TRL's ``GRPOConfig`` plus the fields that pick an algorithm's pieces by name.
 
-Floor 3 of docs/architecture.md (imports TRL's config, never a trainer). A config resolves TRL's own loss settings (``loss_type``,
-``scale_rewards``) into this package's registries, validates every field at construction with a message that names
-it, and records which values it derived (for the model card). ``preset_default`` re-declares a field with a preset's
+Floor 3 of docs/architecture.md (imports TRL's config, never a trainer). A config resolves TRL's own loss settings
+(``loss_type``, ``scale_rewards``) into this package's registries, validates every field at construction with a
+message that names it, and records which values it derived (for the model card). ``preset_default`` re-declares a field with a preset's
 default; ``trl_reasoning.trainer.base`` re-exports both.
 """
 
@@ -73,7 +73,7 @@ VARIANT_FIELDS = {
 }
 
 
-def one_of(names) -> str:
+def one_of_text(names) -> str:
     """``"one of a, b, c"``: the phrase every "one of" help text is built with (a test reads it back)."""
     return f"one of {', '.join(names)}"
 
@@ -284,32 +284,32 @@ class ReasoningConfig(GRPOConfig):
     advantage_estimator: str | None = field(
         default=None,
         metadata={
-            "help": f"Advantage estimator: {one_of(ADVANTAGE_ESTIMATORS.names())}. None derives it from `scale_rewards`.",
+            "help": f"Advantage estimator: {one_of_text(ADVANTAGE_ESTIMATORS.names())}. None derives it from `scale_rewards`.",
         },
     )
     policy_loss: str | None = field(
         default=None,
         metadata={
-            "help": f"Per-token policy objective: {one_of(POLICY_LOSSES.names())}. None derives it from `loss_type`.",
+            "help": f"Per-token policy objective: {one_of_text(POLICY_LOSSES.names())}. None derives it from `loss_type`.",
         },
     )
     loss_aggregation: str | None = field(
         default=None,
         metadata={
-            "help": f"Loss aggregation: {one_of(AGGREGATIONS.names())}. None derives it from `loss_type`.",
+            "help": f"Loss aggregation: {one_of_text(AGGREGATIONS.names())}. None derives it from `loss_type`.",
         },
     )
     loss_type: str | None = field(
         default=None,
         metadata={
-            "help": f"TRL's loss name ({one_of(_TRL_LOSS_TYPES)}), accepted for drop-in compatibility; must agree "
+            "help": f"TRL's loss name ({one_of_text(_TRL_LOSS_TYPES)}), accepted for drop-in compatibility; must agree "
             "with `policy_loss`/`loss_aggregation` when those are set.",
         },
     )
     scale_rewards: str | None = field(
         default=None,
         metadata={
-            "help": f"TRL's reward scaling ({one_of(_SCALE_REWARDS_TO_ESTIMATOR)}; or a bool), accepted for drop-in "
+            "help": f"TRL's reward scaling ({one_of_text(_SCALE_REWARDS_TO_ESTIMATOR)}; or a bool), accepted for drop-in "
             "compatibility; must agree with `advantage_estimator` when that is set.",
         },
     )
@@ -342,7 +342,7 @@ class ReasoningConfig(GRPOConfig):
     group_selection: str | None = field(
         default=None,
         metadata={
-            "help": f"Group-selection strategy by registered name: {one_of(GROUP_SELECTIONS.names())} (or your own). "
+            "help": f"Group-selection strategy by registered name: {one_of_text(GROUP_SELECTIONS.names())} (or your own). "
             "None = follow dynamic_sampling / zero_variance_filtering."
         },
     )
