@@ -309,7 +309,7 @@ def _reward_funcs(names: list[str] | None, task: str | None) -> list[Callable]:
 
 
 def _processing_class(model_name_or_path: str):
-    """The tokenizer to pass explicitly, or `None` to let TRL load it (see `loading.load_tokenizer`)."""
+    """The tokenizer to pass explicitly, or `None` to let TRL load it (see `models.loading.load_tokenizer`)."""
     from .models.loading import has_generic_tokenizer, load_tokenizer
 
     return load_tokenizer(model_name_or_path) if has_generic_tokenizer(model_name_or_path) else None

@@ -149,7 +149,7 @@ class ReasoningConfig(GRPOConfig):
         extra_round_size (`str`, *optional*, defaults to `"keep_rate"`):
             How many prompts an extra dynamic-sampling round generates: `"keep_rate"` sizes it from the share of
             informative groups measured so far in the step (`ceil(missing / keep rate)` groups, whole rows on every
-            process, at most a full batch; `sampling.extra_round_groups`); `"full"` generates a full generation batch
+            process, at most a full batch; `algorithms.group_selection.extra_round_groups`); `"full"` generates a full generation batch
             every round, as verl's DAPO does. Which groups train follows the same rule either way.
         zero_variance_filtering (`bool`, *optional*, defaults to `False`):
             ScaleRL's zero-variance filtering: groups whose task rewards are all equal get loss weight 0 and the

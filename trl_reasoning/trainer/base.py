@@ -2,7 +2,7 @@
 is re-exported here).
 
 Two parts answer "where does a batch come from": ``rollout.Rollout`` (generation rounds, rewards and shaping, group
-selection, retirement) and, with ``async_rollouts``, ``async_rollouts.AsyncRollouts`` (the behaviour weights and the
+selection, retirement) and, with ``async_rollouts``, ``async_rollouts.pipeline.AsyncRollouts`` (the behaviour weights and the
 generator that samples ahead). The trainer calls them and lends them TRL's methods (``trl_round``, ``trl_generate``,
 ``behaviour_logps``, ``tokenize_prompts``); "how is it trained on" is this module's loss path (``_compute_loss``).
 What each part may read from or write to the trainer is a ``Protocol``: ``rollout.RolloutHost`` and
@@ -21,10 +21,10 @@ How a step works, on top of TRL's ``GRPOTrainer``:
 1. ``_calculate_rewards`` (TRL's, wrapped): the gathered ``(N, n_funcs)`` rewards are checked by function name and
    kept, together with every completion's length, for step 2.
 2. ``_generate_and_score_completions`` (TRL's, once per generation round, then post-processed): the combined reward
-   gets the configured shaping (``shaping.py``); the group-selection strategy (``sampling.sample_groups``: all,
+   gets the configured shaping (``algorithms/shaping.py``); the group-selection strategy (``algorithms.group_selection.sample_groups``: all,
    zero-variance filtering or dynamic sampling) decides which groups train and whether to generate more;
    ``advantage_estimator`` turns the rewards into advantages on the whole gathered batch, and ``loss_aggregation``
-   gives each completion a weight ``w_i`` fixed on that batch (``batch.py``, ``loss_weights``), which travels with
+   gives each completion a weight ``w_i`` fixed on that batch (``algorithms/batch.py``, ``loss_weights``), which travels with
    the row through TRL's shuffle and split.
 3. ``_compute_loss``: ``policy_loss`` gives the per-token loss, TRL's options act on it as in TRL (off-policy mask,
    entropy mask, vLLM importance-sampling correction, ``beta`` KL, entropy bonus, MoE aux loss), and the micro-batch
@@ -817,7 +817,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
 
     def sampling_state_dict(self) -> dict[str, Any]:
         """The sampling state a checkpoint keeps: retired prompts, the dynamic-sampling prompt stream and the epoch the
-        prompt sampler is in (see ``sampling.PromptState``)."""
+        prompt sampler is in (see ``algorithms.group_selection.PromptState``)."""
         return self.rollout.state_dict()
 
     def load_sampling_state_dict(self, state: dict[str, Any]) -> list[str]:

@@ -118,7 +118,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _malformed_entry(state: dict[str, Any]) -> str | None:
-    """The first entry of a sampling state whose shape is not what ``sampling.PromptState`` writes (``None``: all are
+    """The first entry of a sampling state whose shape is not what ``algorithms.group_selection.PromptState`` writes (``None``: all are
     well formed), so that a damaged file is refused by name before any of it is loaded."""
     retired = state["retired_prompts"]
     if not (

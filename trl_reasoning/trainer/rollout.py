@@ -543,7 +543,7 @@ class Rollout:
 
     # -------------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The sampling state a checkpoint keeps (see ``sampling.PromptState``)."""
+        """The sampling state a checkpoint keeps (see ``algorithms.group_selection.PromptState``)."""
         return self.prompt_state.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> list[str]:
