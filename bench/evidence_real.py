@@ -1,16 +1,20 @@
-"""Evidence v3: the papers' claims where a real model can answer differently from the toy, on SmolLM2-135M-Instruct.
+"""Evidence v4: the papers' claims where a real model can answer differently from the toy, on SmolLM2-135M-Instruct.
 
 Every run starts from the model itself (LoRA r=16 on all linear layers, learning rate 2e-4, constant), trains on one-step
-arithmetic (``demo.arithmetic``: addition, subtraction and multiplication questions, a held-out set of 64 never seen
+arithmetic (``tasks.arithmetic``: addition, subtraction and multiplication questions, a held-out set of 64 never seen
 in training) and stops at the same budget of generated completion tokens (counted in the reward function, so dynamic
 sampling's extra rounds count). The held-out set is then measured once per run: greedy accuracy, 8 samples per
-question (pass@1, pass@8, the length of correct and incorrect completions).
+question (pass@1, pass@8, the length of correct and incorrect completions). Each run also keeps its compute curve
+(the training reward of each generation step against the generated tokens so far), the policy entropy of its last
+steps, its clip fraction and, where the loss takes its ratio to the sampler, the mean ``|log(π_θ / μ)|``.
 
 Method (from re-reading v2): each claim compares two arms that differ in **one** setting, everything else equal
 (estimator, aggregation, sampling, learning rate, budget); runs are paired by seed (the same seed gives both arms the
 same first batch) and the effect is the mean of the per-seed differences with a 95% Student-t interval (a percentile
 bootstrap over a handful of seeds under-covers). A direction is called only when the interval excludes 0, and a small
-effect only at >= 8 seeds; anything else is reported as not resolved.
+effect only at >= 8 seeds; anything else is reported as not resolved. The table states each interval's half-width:
+the smallest effect the seeds could have called. The compute curves get ScaleRL's sigmoid fitted per run, and each
+arm's A, B and C_mid a t interval across its seeds.
 
 Claims (arm A vs arm B; the measure; what the paper expects):
 
@@ -26,12 +30,20 @@ Claims (arm A vs arm B; the measure; what the paper expects):
 * ``length_bias``: aggregation ``seq_mean_token_mean`` (GRPO's 1/|y|) vs ``seq_mean_token_sum_norm`` (Dr. GRPO),
   estimator ``dr_grpo`` both; the length of incorrect held-out completions (``max_completion_length=32`` leaves room);
   Dr. GRPO expects them longer under 1/|y|.
+* ``clip_higher``: ``epsilon_high`` 0.28 vs 0.2 (clip, token mean) with each rollout batch split over 4 optimizer
+  steps, as DAPO's mini-batches split it (at one step per batch the ratio is 1 and no clip acts); the policy entropy
+  of the last 3 steps and held-out pass@8; DAPO expects both higher.
+* ``async_k8``: CISPO (cap 5), DPPO binary TV and DPPO top-K TV, each vs the clip (0.2/0.28), with asynchronous
+  rollouts at ``max_staleness=8`` (PipelineRL-8, ScaleRL's regime; each sample used once); held-out pass@1, with the
+  clip fraction and the sampler ratio of each arm; CISPO and DPPO expect to do better than clipping.
+* ``scalerl_vs_dapo``: the ScaleRL preset vs the DAPO preset, each with its own defaults, at the same generated-token
+  budget; held-out pass@1; ScaleRL expects its recipe to do better.
 
 Runs take minutes each on a CPU; every finished run is appended to ``bench/evidence_real_runs.json`` at once, and a
 later invocation skips the runs already there, so the table fills across sessions:
 
     python bench/evidence_real.py --claims maxrl_passk stale_cispo --seeds 0 1 2 [--jobs 2] [--budget 4000]
-    python bench/evidence_real.py --summarize      # the table and bench/evidence_real.png from the recorded runs
+    python bench/evidence_real.py --summarize      # the table, bench/evidence_real.png and evidence_real_curves.png
 """
 
 from __future__ import annotations
@@ -54,43 +66,53 @@ from _results import record  # noqa: E402
 RUNS = Path(__file__).with_name("evidence_real_runs.json")
 TEST_QUESTIONS = 64
 PLOT = Path(__file__).with_name("evidence_real.png")
+CURVES_PLOT = Path(__file__).with_name("evidence_real_curves.png")
+#: the mean |log(pi_theta / mu)| over the tokens of a step, logged where the loss's ratio is taken to the sampler
+_SAMPLER_RATIO = "async/sampler_ratio/abs_log_mean"
 
 _BASE = {"advantage_estimator": "grpo", "loss_aggregation": "token_mean", "dynamic_sampling": False}
 _CLIP = {"policy_loss": "clip", "epsilon": 0.2, "epsilon_high": 0.28}
 _STALE = {"steps_per_generation": 4, "num_iterations": 1}
-#: claim -> (arm A, arm B, measure, the direction the paper expects for A - B, extra settings of both arms)
+#: PipelineRL-8, ScaleRL's regime: every batch sampled by the weights of 8 optimizer steps earlier, used once (the
+#: in-process generator gives the same batches as the worker process, without needing a third core)
+_ASYNC_K8 = {"async_rollouts": True, "max_staleness": 8, "async_generator": "inline", "num_iterations": 1}
+
+
+def _pair(arm_a: str, arm_b: str, measure: str, expects: str) -> dict:
+    return {"a": arm_a, "b": arm_b, "measure": measure, "expects": expects}
+
+
+#: claim -> its arms (settings over the shared ones; ``"preset"`` names a preset whose config and trainer the arm
+#: uses, with the preset's own defaults) and the comparisons it makes (arm a − arm b, the measure, and the direction
+#: the paper expects). Arms of one claim share their runs between its comparisons.
 CLAIMS: dict[str, dict] = {
     "maxrl_passk": {
         "arms": {
             "maxrl": {**_BASE, **_CLIP, "advantage_estimator": "maxrl"},
             "grpo": {**_BASE, **_CLIP},
         },
-        "measure": "pass@8",
-        "expects": "higher",
+        "compare": [_pair("maxrl", "grpo", "pass@8", "higher")],
     },
     "stale_cispo": {
         "arms": {
             "cispo": {**_BASE, "policy_loss": "cispo", "epsilon_high": 5.0, **_STALE},
             "clip": {**_BASE, **_CLIP, **_STALE},
         },
-        "measure": "pass@1",
-        "expects": "higher",
+        "compare": [_pair("cispo", "clip", "pass@1", "higher")],
     },
     "stale_dppo": {
         "arms": {
             "dppo": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "binary_tv", **_STALE},
             "clip": {**_BASE, **_CLIP, **_STALE},
         },
-        "measure": "pass@1",
-        "expects": "higher",
+        "compare": [_pair("dppo", "clip", "pass@1", "higher")],
     },
     "dynamic_sampling": {
         "arms": {
             "on": {**_BASE, **_CLIP, "dynamic_sampling": True, "max_num_gen_batches": 4},
             "off": {**_BASE, **_CLIP},
         },
-        "measure": "pass@1",
-        "expects": "higher",
+        "compare": [_pair("on", "off", "pass@1", "higher")],
     },
     "length_bias": {
         "arms": {
@@ -109,8 +131,39 @@ CLAIMS: dict[str, dict] = {
                 "max_completion_length": 32,
             },
         },
-        "measure": "incorrect_length",
-        "expects": "higher",
+        "compare": [_pair("seq_mean_token_mean", "seq_mean_token_sum_norm", "incorrect_length", "higher")],
+    },
+    # DAPO's clip-higher acts only where the ratio leaves 1: DAPO splits each rollout batch into several optimizer
+    # steps (its mini-batches), as steps_per_generation=4 does here
+    "clip_higher": {
+        "arms": {
+            "eps_high_0.28": {**_BASE, **_CLIP, **_STALE},
+            "eps_high_0.20": {**_BASE, **_CLIP, "epsilon_high": 0.2, **_STALE},
+        },
+        "compare": [
+            _pair("eps_high_0.28", "eps_high_0.20", "entropy_end", "higher"),
+            _pair("eps_high_0.28", "eps_high_0.20", "pass@8", "higher"),
+        ],
+    },
+    "async_k8": {
+        "arms": {
+            "clip": {**_BASE, **_CLIP, **_ASYNC_K8},
+            "cispo": {**_BASE, "policy_loss": "cispo", "epsilon_high": 5.0, **_ASYNC_K8},
+            "dppo_binary": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "binary_tv", **_ASYNC_K8},
+            "dppo_topk": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "topk_tv", **_ASYNC_K8},
+        },
+        "compare": [
+            _pair("cispo", "clip", "pass@1", "higher"),
+            _pair("dppo_binary", "clip", "pass@1", "higher"),
+            _pair("dppo_topk", "clip", "pass@1", "higher"),
+        ],
+    },
+    # the two recipes as their presets ship them (ScaleRL: CISPO, prompt-mean, batch-scaled advantages, zero-variance
+    # filtering, PipelineRL-8; DAPO: clip-higher, token mean, dynamic sampling, soft overlong punishment) at the same
+    # generated-token budget
+    "scalerl_vs_dapo": {
+        "arms": {"scalerl": {"preset": "scalerl"}, "dapo": {"preset": "dapo"}},
+        "compare": [_pair("scalerl", "dapo", "pass@1", "higher")],
     },
 }
 
@@ -144,29 +197,26 @@ def _run_settings(job: dict, cpu_settings: dict) -> dict:
     return settings
 
 
-def _clipped_fractions(job: dict, history: list[dict]) -> list[float]:
-    """Per logged step, the fraction of tokens the arm's objective clips or masks (DPPO's masked fractions, both
-    signs, in the stale-DPPO claim)."""
-    clipped = [
-        entry.get("clip_ratio/region_mean", entry.get("clip_ratio/high_mean", entry.get("dppo/masked_frac_pos_adv")))
-        for entry in history
-    ]
-    clipped = [c for c in clipped if c is not None]
-    if job["claim"] == "stale_dppo" and job["arm"] == "dppo":
-        clipped = [e.get("dppo/masked_frac_pos_adv", 0.0) + e.get("dppo/masked_frac_neg_adv", 0.0) for e in history]
+def _clipped_fractions(history: list[dict]) -> list[float]:
+    """Per logged step, the fraction of tokens the arm's objective clips, caps or masks: DPPO's masked fractions
+    (both signs), the clip's two-sided region, or CISPO's capped tokens."""
+    clipped = []
+    for entry in history:
+        if "dppo/masked_frac_pos_adv" in entry:
+            clipped.append(entry["dppo/masked_frac_pos_adv"] + entry.get("dppo/masked_frac_neg_adv", 0.0))
+        elif "clip_ratio/region_mean" in entry or "clip_ratio/high_mean" in entry:
+            clipped.append(entry.get("clip_ratio/region_mean", entry.get("clip_ratio/high_mean")))
     return clipped
 
 
-def _trainer_within_budget(job: dict, args, path, tokenizer, task, reward, tokens: dict):
+def _trainer_within_budget(job: dict, trainer_class, args, path, tokenizer, task, reward, tokens: dict):
     """The LoRA trainer of one run, stopped at the step where the generated tokens reach ``job["budget"]``."""
     import transformers
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, TrainerCallback
 
-    from trl_reasoning import ReasoningTrainer
-
-    trainer = ReasoningTrainer(
+    trainer = trainer_class(
         model=AutoModelForCausalLM.from_pretrained(path),
         reward_funcs=reward,
         args=args,
@@ -181,8 +231,23 @@ def _trainer_within_budget(job: dict, args, path, tokenizer, task, reward, token
             if tokens["generated"] >= job["budget"]:
                 control.should_training_stop = True
 
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            # the compute curve: the training reward against the generated tokens so far (generation steps only)
+            if logs and "reward" in logs:
+                tokens["curve"].append([tokens["generated"], logs["reward"]])
+
     trainer.add_callback(Budget())
     return trainer
+
+
+def _preset_trainer(name: str | None):
+    """The trainer class of the preset ``name`` (its config class is ``config_class``); ReasoningTrainer for None."""
+    from trl_reasoning import ReasoningTrainer
+    from trl_reasoning.presets import PRESETS
+
+    if name is None:
+        return ReasoningTrainer
+    return next(preset.trainer_class for preset in PRESETS if preset.name == name)
 
 
 def run_one(job: dict) -> dict:
@@ -193,7 +258,6 @@ def run_one(job: dict) -> dict:
     import torch
     import transformers
 
-    from trl_reasoning import ReasoningConfig
     from trl_reasoning.models.loading import load_tokenizer
     from trl_reasoning.models.pretrained import smollm2_path
     from trl_reasoning.models.tiny import cpu_config_kwargs
@@ -204,18 +268,18 @@ def run_one(job: dict) -> dict:
     torch.set_num_threads(1)
     path = smollm2_path()
     task = ArithmeticTask(kinds=("add", "sub", "mul"), num_train=2048, num_test=TEST_QUESTIONS, seed=0)
-    tokens = {"generated": 0}
+    tokens = {"generated": 0, "curve": []}
 
     def reward(completions, answer, completion_ids=None, **kwargs):
         tokens["generated"] += sum(len(ids) for ids in completion_ids)
         return last_number_reward(completions, answer)
 
     reward.__name__ = "last_number_reward"
-    settings = _run_settings(job, cpu_config_kwargs())
-    settings.update(CLAIMS[job["claim"]]["arms"][job["arm"]])
-    args = ReasoningConfig(**settings)
+    arm = dict(CLAIMS[job["claim"]]["arms"][job["arm"]])
+    trainer_class = _preset_trainer(arm.pop("preset", None))
+    args = trainer_class.config_class(**{**_run_settings(job, cpu_config_kwargs()), **arm})
     tokenizer = load_tokenizer(path)
-    trainer = _trainer_within_budget(job, args, path, tokenizer, task, reward, tokens)
+    trainer = _trainer_within_budget(job, trainer_class, args, path, tokenizer, task, reward, tokens)
     started = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - started
@@ -223,8 +287,10 @@ def run_one(job: dict) -> dict:
         trainer.model, tokenizer, task.rl_rows("test"), args.max_completion_length, last_number
     )
     history = [entry for entry in trainer.state.log_history if "loss" in entry]
-    clipped = _clipped_fractions(job, history)
+    clipped = _clipped_fractions(history)
     rewards = [entry["reward"] for entry in history if "reward" in entry]
+    entropies = [entry["entropy"] for entry in history if "entropy" in entry]
+    sampler = [entry[_SAMPLER_RATIO] for entry in history if _SAMPLER_RATIO in entry]
     return {
         **job,
         "steps": trainer.state.global_step,
@@ -234,6 +300,9 @@ def run_one(job: dict) -> dict:
         "clip_fraction": statistics.fmean(clipped) if clipped else float("nan"),
         # the reward is logged at generation steps only (every steps_per_generation steps in the stale regime)
         "train_reward_last": statistics.fmean(rewards[-5:]) if rewards else float("nan"),
+        "entropy_end": statistics.fmean(entropies[-3:]) if entropies else float("nan"),
+        "sampler_ratio_abs_log": statistics.fmean(sampler) if sampler else float("nan"),
+        "curve": tokens["curve"],
         "load": os.getloadavg()[0],
     }
 
@@ -317,86 +386,209 @@ def collect(options) -> None:
         runs = _runs()  # re-read: another worker may have written meanwhile
         runs[job["key"]] = result
         RUNS.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
-        print(
-            f"{job['key']}: {CLAIMS[job['claim']]['measure']} {result[CLAIMS[job['claim']]['measure']]:.3f} "
-            f"({result['steps']} steps, {result['wall_s']:.0f} s)",
-            flush=True,
-        )
+        measures = sorted({pair["measure"] for pair in CLAIMS[job["claim"]]["compare"]})
+        shown = ", ".join(f"{measure} {result[measure]:.3f}" for measure in measures)
+        print(f"{job['key']}: {shown} ({result['steps']} steps, {result['wall_s']:.0f} s)", flush=True)
 
     with ThreadPoolExecutor(max_workers=options.jobs) as pool:
         for future in [pool.submit(go, job) for job in jobs]:
             future.result()
 
 
+def _paired_runs(runs: dict, claim: str, budget: int) -> dict[int, dict[str, dict]]:
+    """seed -> arm -> run, for one claim's runs at one budget."""
+    by_seed: dict[int, dict[str, dict]] = {}
+    for run in runs.values():
+        if run["claim"] == claim and run["budget"] == budget:
+            by_seed.setdefault(run["seed"], {})[run["arm"]] = run
+    return by_seed
+
+
+def verdict(differences: list[float], expects: str) -> tuple[str, float, float, float]:
+    """The rule, fixed before the runs: a direction is called only when the 95% t interval of the per-seed differences
+    excludes 0 ("reproduces" when it is the paper's, "opposite" otherwise), and is qualified below 8 seeds; anything
+    else is "not resolved". Returns the verdict, the mean and the interval (its half-width is the smallest effect
+    these seeds could have called)."""
+    mean, low, high = t_interval(differences)
+    if len(differences) < 3 or not (low > 0 or high < 0):
+        return "not resolved" + (" (fewer than 3 seeds)" if len(differences) < 3 else ""), mean, low, high
+    agrees = ("higher" if low > 0 else "lower") == expects
+    suffix = "" if len(differences) >= 8 else f" at {len(differences)} seeds (a small effect needs >= 8)"
+    return ("reproduces" if agrees else "opposite") + suffix, mean, low, high
+
+
+def _mean_of(paired: list[tuple[dict, dict]], side: int, key: str, digits: int) -> str:
+    values = [pair[side].get(key, float("nan")) for pair in paired]
+    values = [v for v in values if v == v]
+    return f"{statistics.fmean(values):.{digits}f}" if values else "–"
+
+
+def _comparison_rows(runs: dict, budget: int) -> tuple[list[str], list[tuple]]:
+    rows, effects = [], []
+    for claim, spec in CLAIMS.items():
+        by_seed = _paired_runs(runs, claim, budget)
+        for pair in spec["compare"]:
+            arm_a, arm_b, measure = pair["a"], pair["b"], pair["measure"]
+            paired = [(r[arm_a], r[arm_b]) for r in by_seed.values() if arm_a in r and arm_b in r]
+            if not paired:
+                continue
+            said, mean, low, high = verdict([a[measure] - b[measure] for a, b in paired], pair["expects"])
+            effects.append((f"{claim}: {arm_a} − {arm_b} ({measure})", mean, low, high))
+
+            def both(key: str, digits: int, paired=paired) -> str:
+                return f"{_mean_of(paired, 0, key, digits)} / {_mean_of(paired, 1, key, digits)}"
+
+            rows.append(
+                f"| {claim} | {arm_a} − {arm_b} | {measure} | {_mean_of(paired, 0, measure, 3)} | "
+                f"{_mean_of(paired, 1, measure, 3)} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] | {(high - low) / 2:.3f} | "
+                f"{len(paired)} | {both('clip_fraction', 4)} | {both('sampler_ratio_abs_log', 4)} | "
+                f"{both('steps', 0)} | {said} |"
+            )
+    return rows, effects
+
+
+def curve_fits(runs: dict, budget: int) -> dict[tuple[str, str], list]:
+    """(claim, arm) -> ScaleRL's sigmoid fitted to each recorded run's training reward against generated tokens
+    (a run whose curve does not converge is left out)."""
+    from trl_reasoning.evaluation.compute_curves import fit_compute_curve
+
+    fits: dict[tuple[str, str], list] = {}
+    for run in runs.values():
+        if run["budget"] != budget or len(run.get("curve", [])) < 4:
+            continue
+        tokens, reward = zip(*run["curve"], strict=True)
+        try:
+            fit = fit_compute_curve(tokens, reward, use_scipy=False)
+        except ValueError:
+            continue
+        fits.setdefault((run["claim"], run["arm"]), []).append(fit)
+    return fits
+
+
+def _fit_rows(fits: dict[tuple[str, str], list]) -> list[str]:
+    rows = [
+        "| claim | arm | runs | R0 | A [95% t] | B [95% t] | C_mid, tokens [95% t] | R² (median) |",
+        "|---|---|---:|---:|---|---|---|---:|",
+    ]
+    for (claim, arm), arm_fits in sorted(fits.items()):
+        cells = []
+        for name in ("A", "B", "C_mid"):
+            mean, low, high = t_interval([getattr(fit, name) for fit in arm_fits])
+            cells.append(f"{mean:.3g} [{low:.3g}, {high:.3g}]")
+        r0 = statistics.fmean(fit.R0 for fit in arm_fits)
+        r2 = statistics.median(fit.r_squared for fit in arm_fits)
+        rows.append(f"| {claim} | {arm} | {len(arm_fits)} | {r0:.3f} | {' | '.join(cells)} | {r2:.2f} |")
+    return rows
+
+
 def summarize(options) -> str:
     runs = _runs()
-    rows = [
-        "| claim | arm A − arm B | measure | A (mean) | B (mean) | A − B, mean [95% t] | seeds | clip fraction A / B | "
-        "steps A / B | verdict |",
-        "|---|---|---|---:|---:|---|---:|---|---|---|",
+    rows, effects = _comparison_rows(runs, options.budget)
+    header = [
+        "| claim | arm A − arm B | measure | A (mean) | B (mean) | A − B, mean [95% t] | resolvable ± | seeds | "
+        "clip fraction A / B | mean abs log(π/μ) A / B | steps A / B | verdict |",
+        "|---|---|---|---:|---:|---|---:|---:|---|---|---|---|",
     ]
-    effects = []
-    for claim, spec in CLAIMS.items():
-        arm_a, arm_b = list(spec["arms"])
-        measure = spec["measure"]
-        by_seed: dict[int, dict[str, dict]] = {}
-        for run in runs.values():
-            if run["claim"] == claim and run["budget"] == options.budget:
-                by_seed.setdefault(run["seed"], {})[run["arm"]] = run
-        paired = [(r[arm_a], r[arm_b]) for r in by_seed.values() if arm_a in r and arm_b in r]
-        if not paired:
-            continue
-        differences = [a[measure] - b[measure] for a, b in paired]
-        mean, low, high = t_interval(differences)
-        if len(paired) < 3 or not (low > 0 or high < 0):
-            verdict = "not resolved" + (" (fewer than 3 seeds)" if len(paired) < 3 else "")
-        else:
-            direction = "higher" if low > 0 else "lower"
-            agrees = direction == spec["expects"]
-            verdict = ("reproduces" if agrees else "opposite") + (
-                "" if len(paired) >= 8 else f" at {len(paired)} seeds (a small effect needs >= 8)"
-            )
-        effects.append((claim, mean, low, high))
-        fmean = statistics.fmean
-        rows.append(
-            f"| {claim} | {arm_a} − {arm_b} | {measure} | {fmean(a[measure] for a, _ in paired):.3f} | "
-            f"{fmean(b[measure] for _, b in paired):.3f} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] | {len(paired)} | "
-            f"{fmean(a['clip_fraction'] for a, _ in paired):.4f} / {fmean(b['clip_fraction'] for _, b in paired):.4f} | "
-            f"{fmean(a['steps'] for a, _ in paired):.0f} / {fmean(b['steps'] for _, b in paired):.0f} | {verdict} |"
-        )
+    fits = curve_fits(runs, options.budget)
     loads = [run.get("load", float("nan")) for run in runs.values()]
+    hours = sum(run.get("wall_s", 0.0) for run in runs.values()) / 3600
     table = (
         f"SmolLM2-135M-Instruct, LoRA r=16, lr 2e-4 constant, one-step add/sub/mul, {options.budget} generated completion "
         f"tokens per run, held-out set of 64 questions x 8 samples; arms paired by seed, 95% Student-t interval of the "
-        f"per-seed differences. Machine load (1-min average at the end of each run): median "
-        f"{statistics.median(loads):.1f} on 2 cores.\n\n" + "\n".join(rows)
+        f"per-seed differences; 'resolvable ±' is the interval's half-width, the smallest effect these seeds could "
+        f"call. {len(runs)} runs recorded, {hours:.1f} h of wall time in all (two runs at a time); machine load (1-min "
+        f"average at the end of each run): median {statistics.median(loads):.1f} on 2 cores.\n\n"
+        + "\n".join(header + rows)
+        + "\n\nCompute curves: ScaleRL's sigmoid R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) fitted to each run's "
+        "training reward (a generation step's mean over its 16 completions) against the generated tokens so far, "
+        "then each parameter's mean and 95% t interval across the arm's seeds. With a few thousand tokens most curves "
+        "have not saturated, so A is extrapolated and its interval is wide; runs recorded before curves were kept "
+        "are not in this table.\n\n" + "\n".join(_fit_rows(fits))
     )
     print(table)
     _plot(effects)
-    record("The real model: evidence v3 (claims, paired by seed)", table)
+    _plot_curves(runs, options.budget, fits)
+    record("The real model: evidence v4 (claims, paired by seed)", table)
     return table
 
 
-def _plot(effects) -> None:
+def _pyplot():
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def _plot(effects) -> None:
+    plt = _pyplot()
+    if plt is None or not effects:
         return
-    if not effects:
-        return
-    fig, axis = plt.subplots(figsize=(7, 0.6 + 0.5 * len(effects)))
-    for row, (_claim, mean, low, high) in enumerate(effects):
-        axis.errorbar(mean, row, xerr=[[mean - low], [high - mean]], fmt="o", capsize=4, color="tab:blue")
+    fig, axis = plt.subplots(figsize=(8, 0.6 + 0.45 * len(effects)))
+    for row, (_label, mean, low, high) in enumerate(effects):
+        if low == low:  # nan with fewer than two seeds
+            axis.errorbar(mean, row, xerr=[[mean - low], [high - mean]], fmt="o", capsize=4, color="tab:blue")
+        else:
+            axis.plot(mean, row, "o", color="tab:grey")
     axis.axvline(0, color="grey", lw=1)
-    axis.set_yticks(range(len(effects)), [claim for claim, *_ in effects])
+    axis.set_yticks(range(len(effects)), [label for label, *_ in effects], fontsize=8)
     axis.set_xlabel("arm A − arm B (mean over seeds, 95% t interval)")
-    axis.set_title("Evidence v3 on SmolLM2-135M-Instruct")
+    axis.set_title("Evidence v4 on SmolLM2-135M-Instruct")
     fig.tight_layout()
     fig.savefig(PLOT, dpi=110)
     plt.close(fig)
+
+
+def _binned_mean_curve(curves: list[list], budget: int, bins: int = 12) -> tuple[list[float], list[float]]:
+    """The seeds' rewards averaged within equal bins of generated tokens (the seeds' steps fall at different token
+    counts)."""
+    width = budget / bins
+    rewards: dict[int, list[float]] = {}
+    for curve in curves:
+        for tokens, reward in curve:
+            rewards.setdefault(min(int(tokens // width), bins - 1), []).append(reward)
+    centres = sorted(rewards)
+    return [(b + 0.5) * width for b in centres], [statistics.fmean(rewards[b]) for b in centres]
+
+
+def _plot_curves(runs: dict, budget: int, fits: dict) -> None:
+    """Reward against generated tokens, one panel per claim and one line per arm (bin means over seeds), with the
+    sigmoid of the arm's mean fitted parameters dashed."""
+    plt = _pyplot()
+    claims = [c for c in CLAIMS if any(r["claim"] == c and r.get("curve") for r in runs.values())]
+    if plt is None or not claims:
+        return
+    fig, axes = plt.subplots(1, len(claims), figsize=(4.2 * len(claims), 3.4), squeeze=False)
+    for axis, claim in zip(axes[0], claims, strict=True):
+        for index, arm in enumerate(CLAIMS[claim]["arms"]):
+            curves = [r["curve"] for r in runs.values() if r["claim"] == claim and r["arm"] == arm and r.get("curve")]
+            if curves:
+                x, y = _binned_mean_curve(curves, budget)
+                axis.plot(x, y, "o-", color=f"C{index}", ms=3, label=f"{arm} ({len(curves)} seeds)")
+                _plot_mean_fit(axis, fits.get((claim, arm)), budget, f"C{index}")
+        axis.set_title(claim, fontsize=9)
+        axis.set_xlabel("generated tokens")
+        axis.set_ylabel("training reward")
+        axis.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(CURVES_PLOT, dpi=100)
+    plt.close(fig)
+
+
+def _plot_mean_fit(axis, arm_fits: list | None, budget: int, colour: str) -> None:
+    if not arm_fits:
+        return
+    import numpy as np
+
+    from trl_reasoning.evaluation.compute_curves import ComputeCurveFit
+
+    mean = {k: statistics.fmean(getattr(f, k) for f in arm_fits) for k in ("A", "B", "C_mid", "R0")}
+    fit = ComputeCurveFit(r_squared=float("nan"), rmse=float("nan"), num_points=0, **mean)
+    grid = np.linspace(budget / 40, budget, 80)
+    axis.plot(grid, fit.predict(grid), "--", color=colour, lw=1)
 
 
 def main(argv: list[str] | None = None) -> str:

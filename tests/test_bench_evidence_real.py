@@ -1,0 +1,116 @@
+"""bench/evidence_real.py without training: every arm is a valid config, the verdict rule, and the summary's pairing,
+curve fits and plots on recorded runs (the runs themselves take minutes each on the real model)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def evidence():
+    spec = importlib.util.spec_from_file_location("evidence_real", BENCH / "evidence_real.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_arm_builds_its_config_and_every_comparison_names_two_arms(evidence, tmp_path):
+    from trl_reasoning.models.tiny import cpu_config_kwargs
+
+    for claim, spec in evidence.CLAIMS.items():
+        for pair in spec["compare"]:
+            assert {pair["a"], pair["b"]} <= set(spec["arms"]), claim
+            assert pair["expects"] in ("higher", "lower")
+        for arm, settings in spec["arms"].items():
+            settings = dict(settings)
+            trainer_class = evidence._preset_trainer(settings.pop("preset", None))
+            job = {"output_dir": str(tmp_path / arm), "seed": 0}
+            config = trainer_class.config_class(**{**evidence._run_settings(job, cpu_config_kwargs()), **settings})
+            assert config.seed == 0, (claim, arm)
+
+
+def test_the_off_policy_arms_run_in_pipelinerl_8_and_differ_only_in_the_loss(evidence):
+    arms = evidence.CLAIMS["async_k8"]["arms"]
+    loss_fields = {"policy_loss", "epsilon", "epsilon_high", "dppo_divergence"}
+    shared = [{k: v for k, v in arm.items() if k not in loss_fields} for arm in arms.values()]
+    assert all(s == shared[0] for s in shared)
+    assert shared[0]["async_rollouts"] is True and shared[0]["max_staleness"] == 8
+    assert "steps_per_generation" not in shared[0]
+    higher = evidence.CLAIMS["clip_higher"]["arms"]
+    differ = {k for k in higher["eps_high_0.28"] if higher["eps_high_0.28"][k] != higher["eps_high_0.20"].get(k)}
+    assert differ == {"epsilon_high"}
+
+
+@pytest.mark.parametrize(
+    ("differences", "expects", "said"),
+    [
+        ([0.1, 0.12, 0.09, 0.11, 0.1, 0.13, 0.08, 0.1], "higher", "reproduces"),
+        ([0.1, 0.12, 0.09, 0.11, 0.1, 0.13, 0.08, 0.1], "lower", "opposite"),
+        ([0.1, 0.12, 0.09, 0.11], "higher", "reproduces at 4 seeds (a small effect needs >= 8)"),
+        ([0.1, -0.12, 0.09, -0.11, 0.1, -0.13, 0.08, 0.0], "higher", "not resolved"),
+        ([0.1, 0.2], "higher", "not resolved (fewer than 3 seeds)"),
+    ],
+)
+def test_verdict_rule(evidence, differences, expects, said):
+    verdict, mean, low, high = evidence.verdict(differences, expects)
+    assert verdict == said
+    assert mean == pytest.approx(sum(differences) / len(differences))
+    assert low < mean < high
+
+
+def _run(claim: str, arm: str, seed: int, pass1: float, asymptote: float) -> dict:
+    rng = random.Random(seed * 31 + len(arm))
+    curve = []
+    for step in range(1, 21):
+        tokens = 200 * step
+        reward = 0.2 + (asymptote - 0.2) / (1 + (1500 / tokens) ** 1.5) + rng.gauss(0, 0.005)
+        curve.append([tokens, reward])
+    return {
+        "claim": claim,
+        "arm": arm,
+        "seed": seed,
+        "budget": 4000,
+        "pass@1": pass1,
+        "steps": 20,
+        "clip_fraction": 0.01,
+        "sampler_ratio_abs_log": 0.02,
+        "curve": curve,
+        "load": 2.0,
+        "wall_s": 500.0,
+    }
+
+
+def test_summary_pairs_each_comparison_by_seed_and_fits_each_arms_curves(evidence, tmp_path, monkeypatch):
+    runs = {}
+    for seed in range(4):
+        for arm, gain in (("clip", 0.0), ("cispo", 0.1), ("dppo_binary", 0.05), ("dppo_topk", -0.02)):
+            runs[f"async_k8/{arm}/{seed}/4000"] = _run("async_k8", arm, seed, 0.3 + gain + 0.01 * seed, 0.6 + gain)
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(runs))
+    recorded = {}
+    monkeypatch.setattr(evidence, "RUNS", path)
+    monkeypatch.setattr(evidence, "PLOT", tmp_path / "effects.png")
+    monkeypatch.setattr(evidence, "CURVES_PLOT", tmp_path / "curves.png")
+    monkeypatch.setattr(evidence, "record", lambda section, table: recorded.update({section: table}))
+    table = evidence.main(["--summarize"])
+    assert recorded and table in recorded.values()
+    rows = [line for line in table.splitlines() if line.startswith("| async_k8 |")]
+    comparisons = [row for row in rows if " − " in row]
+    assert len(comparisons) == 3
+    cispo = next(row for row in comparisons if "cispo − clip" in row)
+    assert "+0.100" in cispo and "| 4 |" in cispo and "reproduces at 4 seeds" in cispo
+    topk = next(row for row in comparisons if "dppo_topk − clip" in row)
+    assert "opposite at 4 seeds" in topk
+    fits = evidence.curve_fits(runs, 4000)
+    assert set(fits) == {("async_k8", arm) for arm in ("clip", "cispo", "dppo_binary", "dppo_topk")}
+    asymptote = sum(fit.A for fit in fits[("async_k8", "cispo")]) / 4
+    assert math.isclose(asymptote, 0.7, abs_tol=0.05)
+    assert (tmp_path / "effects.png").exists() and (tmp_path / "curves.png").exists()
