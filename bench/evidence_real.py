@@ -20,11 +20,11 @@ Claims (arm A vs arm B; the measure; what the paper expects):
 
 * ``maxrl_passk``: estimator ``maxrl`` vs ``grpo`` (clip 0.2, token mean, binary reward); held-out pass@8; MaxRL
   expects higher pass@k.
-* ``stale_cispo`` / ``stale_dppo``: policy loss ``cispo`` (cap 5) / ``dppo`` (binary TV 0.15) vs ``clip`` (0.2/0.28),
-  estimator ``grpo``, token mean, in the papers' off-policy regime: each sample used once (``num_iterations=1``), each
-  generation batch split over 4 optimizer steps (``steps_per_generation=4``), so the last step trains on rollouts 3
-  updates old; held-out pass@1, with each run's clip fraction (the share of tokens a clip, cap or mask acts on);
-  CISPO and DPPO expect to do better than clipping.
+* ``stale_cispo``: policy loss ``cispo`` (cap 5) vs ``clip`` (0.2/0.28), estimator ``grpo``, token mean, each sample
+  used once (``num_iterations=1``) and each generation batch split over 4 optimizer steps
+  (``steps_per_generation=4``), so the last step trains on rollouts 3 updates old; held-out pass@1, with each run's
+  clip fraction (the share of tokens a clip, cap or mask acts on); CISPO expects to do better than clipping. This is
+  not the papers' asynchronous regime; ``async_k8`` is.
 * ``dynamic_sampling``: DAPO with dynamic sampling on vs off; held-out pass@1 at the same generated-token budget; DAPO
   expects more accuracy per generated token.
 * ``length_bias``: aggregation ``seq_mean_token_mean`` (GRPO's 1/|y|) vs ``seq_mean_token_sum_norm`` (Dr. GRPO),
@@ -49,6 +49,7 @@ later invocation skips the runs already there, so the table fills across session
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -64,6 +65,8 @@ from _common import t_interval  # noqa: E402
 from _results import record  # noqa: E402
 
 RUNS = Path(__file__).with_name("evidence_real_runs.json")
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_BUDGET = 4000
 TEST_QUESTIONS = 64
 PLOT = Path(__file__).with_name("evidence_real.png")
 CURVES_PLOT = Path(__file__).with_name("evidence_real_curves.png")
@@ -99,13 +102,6 @@ CLAIMS: dict[str, dict] = {
             "clip": {**_BASE, **_CLIP, **_STALE},
         },
         "compare": [_pair("cispo", "clip", "pass@1", "higher")],
-    },
-    "stale_dppo": {
-        "arms": {
-            "dppo": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "binary_tv", **_STALE},
-            "clip": {**_BASE, **_CLIP, **_STALE},
-        },
-        "compare": [_pair("dppo", "clip", "pass@1", "higher")],
     },
     "dynamic_sampling": {
         "arms": {
@@ -481,25 +477,52 @@ def _fit_rows(fits: dict[tuple[str, str], list]) -> list[str]:
     return rows
 
 
-def summarize(options) -> str:
-    runs = _runs()
-    rows, effects = _comparison_rows(runs, options.budget)
+def _runs_missing(runs: dict, budget: int, seeds: int) -> dict[str, int]:
+    """claim -> the runs still to do for every arm to have seeds 0 .. ``seeds`` - 1."""
+    return {
+        claim: sum(_key(claim, arm, seed, budget) not in runs for arm in spec["arms"] for seed in range(seeds))
+        for claim, spec in CLAIMS.items()
+    }
+
+
+def comparison_table(runs: dict, budget: int) -> tuple[str, list[tuple]]:
+    """The claims' table in markdown (one row per comparison with recorded pairs) and each row's effect for the plot;
+    ``docs/which-preset.md`` holds it between ``<!-- evidence:start -->`` and ``<!-- evidence:end -->``."""
+    rows, effects = _comparison_rows(runs, budget)
     header = [
         "| claim | arm A − arm B | measure | A (mean) | B (mean) | A − B, mean [95% t] | resolvable ± | seeds | "
         "clip fraction A / B | mean abs log(π/μ) A / B | steps A / B | verdict |",
         "|---|---|---|---:|---:|---|---:|---:|---|---|---|---|",
     ]
+    return "\n".join(header + rows) + "\n", effects
+
+
+def _write_docs_table(table: str) -> None:
+    spec = importlib.util.spec_from_file_location("marker_blocks", ROOT / "scripts" / "marker_blocks.py")
+    marker_blocks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(marker_blocks)
+    marker_blocks.write_block("evidence", table, ROOT)
+
+
+def summarize(options) -> str:
+    runs = _runs()
+    comparisons, effects = comparison_table(runs, options.budget)
     fits = curve_fits(runs, options.budget)
     loads = [run.get("load", float("nan")) for run in runs.values()]
     hours = sum(run.get("wall_s", 0.0) for run in runs.values()) / 3600
+    missing = _runs_missing(runs, options.budget, seeds=8)
+    per_run = statistics.median(run["wall_s"] for run in runs.values() if "wall_s" in run)
     table = (
         f"SmolLM2-135M-Instruct, LoRA r=16, lr 2e-4 constant, one-step add/sub/mul, {options.budget} generated completion "
         f"tokens per run, held-out set of 64 questions x 8 samples; arms paired by seed, 95% Student-t interval of the "
         f"per-seed differences; 'resolvable ±' is the interval's half-width, the smallest effect these seeds could "
         f"call. {len(runs)} runs recorded, {hours:.1f} h of wall time in all (two runs at a time); machine load (1-min "
-        f"average at the end of each run): median {statistics.median(loads):.1f} on 2 cores.\n\n"
-        + "\n".join(header + rows)
-        + "\n\nCompute curves: ScaleRL's sigmoid R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) fitted to each run's "
+        f"average at the end of each run): median {statistics.median(loads):.1f} on 2 cores. Every arm of every claim "
+        f"at 8 seeds needs {sum(missing.values())} more runs "
+        f"({', '.join(f'{claim} {count}' for claim, count in missing.items() if count) or 'none'}): about "
+        f"{sum(missing.values()) * per_run / 2 / 3600:.1f} h at the median {per_run:.0f} s a run, two at a time.\n\n"
+        + comparisons
+        + "\nCompute curves: ScaleRL's sigmoid R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) fitted to each run's "
         "training reward (a generation step's mean over its 16 completions) against the generated tokens so far, "
         "then each parameter's mean and 95% t interval across the arm's seeds. With a few thousand tokens most curves "
         "have not saturated, so A is extrapolated and its interval is wide; runs recorded before curves were kept "
@@ -508,6 +531,8 @@ def summarize(options) -> str:
     print(table)
     _plot(effects)
     _plot_curves(runs, options.budget, fits)
+    if options.budget == DEFAULT_BUDGET:
+        _write_docs_table(comparisons)
     record("The real model: evidence v4 (claims, paired by seed)", table)
     return table
 
@@ -595,7 +620,7 @@ def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", nargs="+", default=list(CLAIMS), choices=list(CLAIMS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--budget", type=int, default=4000, help="generated completion tokens per run")
+    parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help="generated completion tokens per run")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (one torch thread each)")
     parser.add_argument("--summarize", action="store_true", help="only the table and the plot, from the recorded runs")
     parser.add_argument("--worker", help=argparse.SUPPRESS)

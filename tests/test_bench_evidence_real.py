@@ -100,8 +100,9 @@ def test_summary_pairs_each_comparison_by_seed_and_fits_each_arms_curves(evidenc
     monkeypatch.setattr(evidence, "PLOT", tmp_path / "effects.png")
     monkeypatch.setattr(evidence, "CURVES_PLOT", tmp_path / "curves.png")
     monkeypatch.setattr(evidence, "record", lambda section, table: recorded.update({section: table}))
+    monkeypatch.setattr(evidence, "_write_docs_table", lambda table: recorded.update({"docs": table}))
     table = evidence.main(["--summarize"])
-    assert recorded and table in recorded.values()
+    assert table in recorded.values() and recorded["docs"] in table
     rows = [line for line in table.splitlines() if line.startswith("| async_k8 |")]
     comparisons = [row for row in rows if " − " in row]
     assert len(comparisons) == 3
@@ -114,3 +115,15 @@ def test_summary_pairs_each_comparison_by_seed_and_fits_each_arms_curves(evidenc
     asymptote = sum(fit.A for fit in fits[("async_k8", "cispo")]) / 4
     assert math.isclose(asymptote, 0.7, abs_tol=0.05)
     assert (tmp_path / "effects.png").exists() and (tmp_path / "curves.png").exists()
+
+
+def test_the_docs_page_holds_the_table_of_the_recorded_runs(evidence):
+    """docs/which-preset.md quotes the claims' table; it must be the one the recorded runs give (rerun
+    ``python bench/evidence_real.py --summarize`` after adding runs)."""
+    spec = importlib.util.spec_from_file_location("marker_blocks", BENCH.parent / "scripts" / "marker_blocks.py")
+    marker_blocks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(marker_blocks)
+    path, block = marker_blocks.read_block("evidence")
+    assert path.name == "which-preset.md"
+    table, _ = evidence.comparison_table(evidence._runs(), evidence.DEFAULT_BUDGET)
+    assert block == table
