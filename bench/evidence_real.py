@@ -454,7 +454,7 @@ def curve_fits(runs: dict, budget: int) -> dict[tuple[str, str], list]:
             continue
         tokens, reward = zip(*run["curve"], strict=True)
         try:
-            fit = fit_compute_curve(tokens, reward, use_scipy=False)
+            fit = fit_compute_curve(tokens, reward, use_scipy=False, a_max=1.0)  # a binary reward's mean
         except ValueError:
             continue
         fits.setdefault((run["claim"], run["arm"]), []).append(fit)
@@ -463,8 +463,8 @@ def curve_fits(runs: dict, budget: int) -> dict[tuple[str, str], list]:
 
 def _fit_rows(fits: dict[tuple[str, str], list]) -> list[str]:
     rows = [
-        "| claim | arm | runs | R0 | A [95% t] | B [95% t] | C_mid, tokens [95% t] | R² (median) |",
-        "|---|---|---:|---:|---|---|---|---:|",
+        "| claim | arm | runs | A at 1 | R0 | A [95% t] | B [95% t] | C_mid, tokens [95% t] | R² (median) |",
+        "|---|---|---:|---:|---:|---|---|---|---:|",
     ]
     for (claim, arm), arm_fits in sorted(fits.items()):
         cells = []
@@ -473,7 +473,8 @@ def _fit_rows(fits: dict[tuple[str, str], list]) -> list[str]:
             cells.append(f"{mean:.3g} [{low:.3g}, {high:.3g}]")
         r0 = statistics.fmean(fit.R0 for fit in arm_fits)
         r2 = statistics.median(fit.r_squared for fit in arm_fits)
-        rows.append(f"| {claim} | {arm} | {len(arm_fits)} | {r0:.3f} | {' | '.join(cells)} | {r2:.2f} |")
+        at_bound = sum(fit.A > 0.999 for fit in arm_fits)
+        rows.append(f"| {claim} | {arm} | {len(arm_fits)} | {at_bound} | {r0:.3f} | {' | '.join(cells)} | {r2:.2f} |")
     return rows
 
 
@@ -524,9 +525,10 @@ def summarize(options) -> str:
         + comparisons
         + "\nCompute curves: ScaleRL's sigmoid R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) fitted to each run's "
         "training reward (a generation step's mean over its 16 completions) against the generated tokens so far, "
-        "then each parameter's mean and 95% t interval across the arm's seeds. With a few thousand tokens most curves "
-        "have not saturated, so A is extrapolated and its interval is wide; runs recorded before curves were kept "
-        "are not in this table.\n\n" + "\n".join(_fit_rows(fits))
+        "then each parameter's mean and 95% t interval across the arm's seeds. The reward is binary, so A is bounded "
+        "by 1 (fit_compute_curve's a_max); 'A at 1' counts the runs whose curve was still rising at the end, where A "
+        "is not identified and B and C_mid describe the rise only. Runs recorded before curves were kept (maxrl_passk, "
+        "stale_cispo seeds 0-6) are not in this table.\n\n" + "\n".join(_fit_rows(fits))
     )
     print(table)
     _plot(effects)
@@ -581,7 +583,7 @@ def _binned_mean_curve(curves: list[list], budget: int, bins: int = 12) -> tuple
 
 def _plot_curves(runs: dict, budget: int, fits: dict) -> None:
     """Reward against generated tokens, one panel per claim and one line per arm (bin means over seeds), with the
-    sigmoid of the arm's mean fitted parameters dashed."""
+    mean of the arm's fitted sigmoids dashed."""
     plt = _pyplot()
     claims = [c for c in CLAIMS if any(r["claim"] == c and r.get("curve") for r in runs.values())]
     if plt is None or not claims:
@@ -604,16 +606,14 @@ def _plot_curves(runs: dict, budget: int, fits: dict) -> None:
 
 
 def _plot_mean_fit(axis, arm_fits: list | None, budget: int, colour: str) -> None:
+    """The seeds' fitted sigmoids averaged point by point (a sigmoid at the mean parameters can be a step no run
+    has)."""
     if not arm_fits:
         return
     import numpy as np
 
-    from trl_reasoning.evaluation.compute_curves import ComputeCurveFit
-
-    mean = {k: statistics.fmean(getattr(f, k) for f in arm_fits) for k in ("A", "B", "C_mid", "R0")}
-    fit = ComputeCurveFit(r_squared=float("nan"), rmse=float("nan"), num_points=0, **mean)
     grid = np.linspace(budget / 40, budget, 80)
-    axis.plot(grid, fit.predict(grid), "--", color=colour, lw=1)
+    axis.plot(grid, np.mean([fit.predict(grid) for fit in arm_fits], axis=0), "--", color=colour, lw=1)
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -50,9 +50,29 @@ def _curve(compute: np.ndarray, a: float, b: float, c_mid: float, r0: float) -> 
     return np.where(compute > 0, value, r0)
 
 
-def _residuals(theta: np.ndarray, log_c: np.ndarray, reward: np.ndarray, r0: float) -> np.ndarray:
-    a, log_b, log_c_mid = theta
-    exponent = np.clip(math.exp(log_b) * (log_c_mid - log_c), -700.0, 700.0)
+#: |log B| beyond this is a step function for any compute grid; bounding it keeps exp() finite while a fit wanders
+_LOG_B_BOUND = 50.0
+
+
+def _asymptote(theta_a: float, r0: float, a_max: float | None) -> float:
+    """``A`` from its fitted coordinate: itself, or with ``a_max`` a logistic map onto ``(r0, a_max)`` (the optimiser
+    works unconstrained; the bound holds by construction)."""
+    if a_max is None:
+        return theta_a
+    return r0 + (a_max - r0) / (1.0 + math.exp(-min(max(theta_a, -700.0), 700.0)))
+
+
+def _params(theta: np.ndarray, r0: float, a_max: float | None) -> tuple[float, float, float]:
+    """``(A, B, log C_mid)`` from the optimiser's coordinates ``(A or its logit, log B, log C_mid)``."""
+    theta_a, log_b, log_c_mid = theta
+    return _asymptote(theta_a, r0, a_max), math.exp(min(max(log_b, -_LOG_B_BOUND), _LOG_B_BOUND)), log_c_mid
+
+
+def _residuals(
+    theta: np.ndarray, log_c: np.ndarray, reward: np.ndarray, r0: float, a_max: float | None = None
+) -> np.ndarray:
+    a, b, log_c_mid = _params(theta, r0, a_max)
+    exponent = np.clip(b * (log_c_mid - log_c), -700.0, 700.0)
     return r0 + (a - r0) / (1.0 + np.exp(exponent)) - reward
 
 
@@ -67,20 +87,20 @@ def _central_jacobian(function, params: np.ndarray, steps: np.ndarray) -> np.nda
     return np.stack(columns, axis=1)
 
 
-def _levenberg_marquardt(theta, log_c, reward, r0, iterations=500):
+def _levenberg_marquardt(theta, log_c, reward, r0, a_max=None, iterations=500):
     damping = 1e-3
-    residual = _residuals(theta, log_c, reward, r0)
+    residual = _residuals(theta, log_c, reward, r0, a_max)
     cost = float(residual @ residual)
     for _ in range(iterations):
         steps = 1e-6 * np.maximum(1.0, np.abs(theta))
-        jacobian = _central_jacobian(lambda t: _residuals(t, log_c, reward, r0), theta, steps)
+        jacobian = _central_jacobian(lambda t: _residuals(t, log_c, reward, r0, a_max), theta, steps)
         normal = jacobian.T @ jacobian
         gradient = jacobian.T @ residual
         improved = False
         while damping < 1e12:
             delta = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -gradient)
             candidate = theta + delta
-            candidate_residual = _residuals(candidate, log_c, reward, r0)
+            candidate_residual = _residuals(candidate, log_c, reward, r0, a_max)
             candidate_cost = float(candidate_residual @ candidate_residual)
             if candidate_cost < cost:
                 theta, residual, damping, improved = candidate, candidate_residual, max(damping / 3, 1e-12), True
@@ -93,12 +113,12 @@ def _levenberg_marquardt(theta, log_c, reward, r0, iterations=500):
     return theta, cost
 
 
-def _curve_fit(theta0, log_c, reward, r0):
+def _curve_fit(theta0, log_c, reward, r0, a_max=None):
     """``scipy.optimize.curve_fit`` from ``theta0`` (same parametrisation as ``_residuals``); ``None`` if it fails."""
     from scipy.optimize import OptimizeWarning, curve_fit
 
     def model(x, a, log_b, log_c_mid):
-        return _residuals(np.array([a, log_b, log_c_mid]), x, np.zeros_like(x), r0)
+        return _residuals(np.array([a, log_b, log_c_mid]), x, np.zeros_like(x), r0, a_max)
 
     try:
         with warnings.catch_warnings():  # its covariance is not used (see _standard_errors): an exact fit warns
@@ -106,7 +126,7 @@ def _curve_fit(theta0, log_c, reward, r0):
             theta, _ = curve_fit(model, log_c, reward, p0=theta0, method="lm", maxfev=5000)
     except (RuntimeError, ValueError):  # no convergence from this start: the other starts remain
         return None
-    residual = _residuals(theta, log_c, reward, r0)
+    residual = _residuals(theta, log_c, reward, r0, a_max)
     return theta, float(residual @ residual)
 
 
@@ -139,16 +159,26 @@ def _checked_points(compute, reward) -> tuple[np.ndarray, np.ndarray]:
     return compute, reward
 
 
-def _best_fit_over_starts(log_c: np.ndarray, points: np.ndarray, r0: float, use_scipy: bool) -> tuple:
+def _asymptote_starts(points: np.ndarray, r0: float, a_max: float | None) -> tuple[float, ...]:
+    """Three starting values of A's coordinate: above the best point by 0, half and twice the gain; with ``a_max``,
+    the logits of 0.5, 0.8 and 0.95 of the way from ``r0`` to ``a_max``."""
+    if a_max is None:
+        span = points.max() - points.min()
+        return (points.max(), points.max() + 0.5 * span, r0 + 2 * (points.max() - r0))
+    return tuple(math.log(f / (1.0 - f)) for f in (0.5, 0.8, 0.95))
+
+
+def _best_fit_over_starts(
+    log_c: np.ndarray, points: np.ndarray, r0: float, use_scipy: bool, a_max: float | None = None
+) -> tuple:
     """The lowest-cost ``(theta, cost)`` of the fits from a grid of 27 starting points (A, B, C_mid quantiles);
     ``(None, inf)`` when none converged."""
     best_theta, best_cost = None, math.inf
-    span = points.max() - points.min()
-    for a0 in (points.max(), points.max() + 0.5 * span, r0 + 2 * (points.max() - r0)):
+    for a0 in _asymptote_starts(points, r0, a_max):
         for b0 in (0.5, 1.0, 2.0):
             for q in (0.25, 0.5, 0.75):
                 theta0 = np.array([a0, math.log(b0), float(np.quantile(log_c, q))])
-                fitted_here = (_curve_fit if use_scipy else _levenberg_marquardt)(theta0, log_c, points, r0)
+                fitted_here = (_curve_fit if use_scipy else _levenberg_marquardt)(theta0, log_c, points, r0, a_max)
                 if fitted_here is None:
                     continue
                 theta, cost = fitted_here
@@ -157,11 +187,41 @@ def _best_fit_over_starts(log_c: np.ndarray, points: np.ndarray, r0: float, use_
     return best_theta, best_cost
 
 
+def _fitted_curve(
+    theta: np.ndarray,
+    cost: float,
+    r0: float,
+    a_max: float | None,
+    compute: np.ndarray,
+    points: np.ndarray,
+    method: str,
+) -> ComputeCurveFit:
+    """The [`ComputeCurveFit`] of the optimiser's best ``theta`` over the fitted points (compute > 0)."""
+    a, b, log_c_mid = _params(theta, r0, a_max)
+    c_mid = math.exp(min(log_c_mid, 700.0))
+    a_se, b_se, c_mid_se = _standard_errors(a, b, c_mid, r0, compute, points, cost)
+    total = float(((points - points.mean()) ** 2).sum())
+    return ComputeCurveFit(
+        A=a,
+        B=b,
+        C_mid=c_mid,
+        R0=r0,
+        r_squared=1.0 - cost / total if total > 0 else float("nan"),
+        rmse=math.sqrt(cost / points.size),
+        num_points=int(points.size),
+        A_stderr=a_se,
+        B_stderr=b_se,
+        C_mid_stderr=c_mid_se,
+        method=method,
+    )
+
+
 def fit_compute_curve(
     compute: Sequence[float] | np.ndarray,
     reward: Sequence[float] | np.ndarray,
     r0: float | None = None,
     use_scipy: bool | None = None,
+    a_max: float | None = None,
 ) -> ComputeCurveFit:
     """Fit ScaleRL's sigmoid ``R(C) = R0 + (A - R0) / (1 + (C_mid / C) ** B)`` by least squares.
 
@@ -171,13 +231,17 @@ def fit_compute_curve(
         r0: the reward before training. ``None`` takes the reward of the point with the least compute.
         use_scipy: ``None`` fits with ``scipy.optimize.curve_fit`` when scipy is installed, else with the built-in
             Levenberg-Marquardt; ``True`` requires scipy, ``False`` uses the built-in fit.
+        a_max: an upper bound on ``A`` (``1.0`` for a pass rate or a binary reward), above ``r0``. A curve far from
+            saturation leaves ``A`` unidentified, and an unbounded fit can put it anywhere above the data; ScaleRL
+            fits pass rates, whose asymptote cannot exceed 1. ``None`` leaves ``A`` free.
 
     Returns:
         A [`ComputeCurveFit`] with ``A``, ``B``, ``C_mid``, their standard errors, ``R0``, the coefficient of
         determination ``r_squared`` and the root-mean-square error, over the points with ``compute > 0``.
 
     Raises:
-        ValueError: lengths differ, fewer than 3 points with positive compute, negative or non-finite values.
+        ValueError: lengths differ, fewer than 3 points with positive compute, negative or non-finite values,
+            ``a_max`` not above ``r0``.
         ImportError: ``use_scipy=True`` without scipy.
     """
     scipy_installed = importlib.util.find_spec("scipy") is not None
@@ -190,23 +254,11 @@ def fit_compute_curve(
     fitted = compute > 0
     if fitted.sum() < 3:
         raise ValueError(f"Need at least 3 points with compute > 0 to fit A, B and C_mid, got {int(fitted.sum())}.")
+    if a_max is not None and not (math.isfinite(a_max) and a_max > r0):
+        raise ValueError(f"a_max must be a finite number above r0 = {r0:g}, got {a_max!r}.")
     log_c, points = np.log(compute[fitted]), reward[fitted]
-    best_theta, best_cost = _best_fit_over_starts(log_c, points, r0, use_scipy)
+    best_theta, best_cost = _best_fit_over_starts(log_c, points, r0, use_scipy, a_max)
     if best_theta is None:
         raise ValueError("The compute curve did not converge from any starting point.")
-    a, b, c_mid = float(best_theta[0]), math.exp(best_theta[1]), math.exp(best_theta[2])
-    a_se, b_se, c_mid_se = _standard_errors(a, b, c_mid, float(r0), compute[fitted], points, best_cost)
-    total = float(((points - points.mean()) ** 2).sum())
-    return ComputeCurveFit(
-        A=a,
-        B=b,
-        C_mid=c_mid,
-        R0=float(r0),
-        r_squared=1.0 - best_cost / total if total > 0 else float("nan"),
-        rmse=math.sqrt(best_cost / points.size),
-        num_points=int(points.size),
-        A_stderr=a_se,
-        B_stderr=b_se,
-        C_mid_stderr=c_mid_se,
-        method="scipy.optimize.curve_fit" if use_scipy else "levenberg_marquardt",
-    )
+    method = "scipy.optimize.curve_fit" if use_scipy else "levenberg_marquardt"
+    return _fitted_curve(best_theta, best_cost, float(r0), a_max, compute[fitted], points, method)
