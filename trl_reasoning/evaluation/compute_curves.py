@@ -6,7 +6,9 @@ before training. Source: ScaleRL, "The Art of Scaling Reinforcement Learning Com
 
 The least-squares fit uses ``scipy.optimize.curve_fit`` when scipy is installed (the ``scaling`` extra) and a small
 Levenberg-Marquardt of its own otherwise; both start from the same grid of points and both report the parameters'
-standard errors as ``curve_fit`` does (``s^2 (J^T J)^-1`` at the optimum, ``s^2`` the residual variance).
+standard errors as ``curve_fit`` does (``s^2 (J^T J)^-1`` at the optimum, ``s^2`` the residual variance). ``a_max``
+bounds ``A`` (a pass rate's asymptote cannot pass 1): the optimiser then works on the logit of ``A``'s place between
+``R0`` and ``a_max``, so both fits hold the bound; the standard errors stay those of the unbounded model at the optimum.
 """
 
 from __future__ import annotations
@@ -160,8 +162,9 @@ def _checked_points(compute, reward) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _asymptote_starts(points: np.ndarray, r0: float, a_max: float | None) -> tuple[float, ...]:
-    """Three starting values of A's coordinate: above the best point by 0, half and twice the gain; with ``a_max``,
-    the logits of 0.5, 0.8 and 0.95 of the way from ``r0`` to ``a_max``."""
+    """Three starting values of A's coordinate: the best point, half the points' span above it, and ``r0`` plus
+    twice the best point's gain; with ``a_max``, the logits of 0.5, 0.8 and 0.95 of the way from ``r0`` to
+    ``a_max``."""
     if a_max is None:
         span = points.max() - points.min()
         return (points.max(), points.max() + 0.5 * span, r0 + 2 * (points.max() - r0))
