@@ -498,11 +498,16 @@ def comparison_table(runs: dict, budget: int) -> tuple[str, list[tuple]]:
     return "\n".join(header + rows) + "\n", effects
 
 
-def _write_docs_table(table: str) -> None:
+def marker_blocks():
+    """``scripts/marker_blocks.py``, which finds and rewrites the docs' generated blocks (scripts/ is not a package)."""
     spec = importlib.util.spec_from_file_location("marker_blocks", ROOT / "scripts" / "marker_blocks.py")
-    marker_blocks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(marker_blocks)
-    marker_blocks.write_block("evidence", table, ROOT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_docs_table(table: str) -> None:
+    marker_blocks().write_block("evidence", table, ROOT)
 
 
 def summarize(options) -> str:

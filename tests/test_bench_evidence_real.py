@@ -120,10 +120,7 @@ def test_summary_pairs_each_comparison_by_seed_and_fits_each_arms_curves(evidenc
 def test_the_docs_page_holds_the_table_of_the_recorded_runs(evidence):
     """docs/which-preset.md quotes the claims' table; it must be the one the recorded runs give (rerun
     ``python bench/evidence_real.py --summarize`` after adding runs)."""
-    spec = importlib.util.spec_from_file_location("marker_blocks", BENCH.parent / "scripts" / "marker_blocks.py")
-    marker_blocks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(marker_blocks)
-    path, block = marker_blocks.read_block("evidence")
+    path, block = evidence.marker_blocks().read_block("evidence")
     assert path.name == "which-preset.md"
     table, _ = evidence.comparison_table(evidence._runs(), evidence.DEFAULT_BUDGET)
     assert block == table
