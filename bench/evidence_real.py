@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -70,6 +71,7 @@ DEFAULT_BUDGET = 4000
 TEST_QUESTIONS = 64
 PLOT = Path(__file__).with_name("evidence_real.png")
 CURVES_PLOT = Path(__file__).with_name("evidence_real_curves.png")
+_RISE_PLACED = 0.1  # a fit whose curve climbs less than this share of A - R0 across the run's own tokens is flat
 #: the mean |log(pi_theta / mu)| over the tokens of a step, logged where the loss's ratio is taken to the sampler
 _SAMPLER_RATIO = "async/sampler_ratio/abs_log_mean"
 
@@ -443,9 +445,10 @@ def _comparison_rows(runs: dict, budget: int) -> tuple[list[str], list[tuple]]:
     return rows, effects
 
 
-def curve_fits(runs: dict, budget: int) -> dict[tuple[str, str], list]:
-    """(claim, arm) -> ScaleRL's sigmoid fitted to each recorded run's training reward against generated tokens
-    (a run whose curve does not converge is left out)."""
+def curve_fits(runs: dict, budget: int) -> dict[tuple[str, str], list[tuple]]:
+    """(claim, arm) -> ``(fit, rise)`` per recorded run: ScaleRL's sigmoid fitted to the run's training reward against
+    generated tokens, and the share of ``A - R0`` the fitted curve climbs between the run's first and last point (a
+    run whose curve does not converge is left out)."""
     from trl_reasoning.evaluation.compute_curves import fit_compute_curve
 
     fits: dict[tuple[str, str], list] = {}
@@ -457,24 +460,45 @@ def curve_fits(runs: dict, budget: int) -> dict[tuple[str, str], list]:
             fit = fit_compute_curve(tokens, reward, use_scipy=False, a_max=1.0)  # a binary reward's mean
         except ValueError:
             continue
-        fits.setdefault((run["claim"], run["arm"]), []).append(fit)
+        ends = fit.predict([min(tokens), max(tokens)])
+        rise = float(ends[1] - ends[0]) / (fit.A - fit.R0) if fit.A != fit.R0 else 0.0
+        fits.setdefault((run["claim"], run["arm"]), []).append((fit, rise))
     return fits
 
 
-def _fit_rows(fits: dict[tuple[str, str], list]) -> list[str]:
+def _geometric_interval(values: list[float]) -> str:
+    """The geometric mean of positive values and its 95% t interval, computed on their logs: B and C_mid are scales,
+    and one run's steep or late fit would otherwise dominate an arithmetic mean."""
+    if not values:
+        return "–"
+    mean, low, high = t_interval([math.log(value) for value in values])
+    return f"{math.exp(mean):.3g} [{math.exp(low):.3g}, {math.exp(high):.3g}]"
+
+
+def _fit_rows(fits: dict[tuple[str, str], list[tuple]]) -> list[str]:
+    """One row per arm: A's mean, and B's and C_mid's geometric means, each with a 95% t interval across seeds.
+    A "flat" fit climbs less than ``_RISE_PLACED`` of ``A - R0`` across its run's tokens (C_mid far past or before
+    the data, or B near 0): it placed no rise, so its B and C_mid are left out."""
     rows = [
-        "| claim | arm | runs | A at 1 | R0 | A [95% t] | B [95% t] | C_mid, tokens [95% t] | R² (median) |",
-        "|---|---|---:|---:|---:|---|---|---|---:|",
+        "| claim | arm | runs | A at 1 | flat | R0 | A [95% t] | B, geometric [95% t] | C_mid, tokens, geometric "
+        "[95% t] | R² (median) |",
+        "|---|---|---:|---:|---:|---:|---|---|---|---:|",
     ]
     for (claim, arm), arm_fits in sorted(fits.items()):
-        cells = []
-        for name in ("A", "B", "C_mid"):
-            mean, low, high = t_interval([getattr(fit, name) for fit in arm_fits])
-            cells.append(f"{mean:.3g} [{low:.3g}, {high:.3g}]")
-        r0 = statistics.fmean(fit.R0 for fit in arm_fits)
-        r2 = statistics.median(fit.r_squared for fit in arm_fits)
-        at_bound = sum(fit.A > 0.999 for fit in arm_fits)
-        rows.append(f"| {claim} | {arm} | {len(arm_fits)} | {at_bound} | {r0:.3f} | {' | '.join(cells)} | {r2:.2f} |")
+        mean, low, high = t_interval([fit.A for fit, _ in arm_fits])
+        placed = [fit for fit, rise in arm_fits if rise >= _RISE_PLACED]
+        cells = [
+            f"{mean:.3g} [{low:.3g}, {high:.3g}]",
+            _geometric_interval([fit.B for fit in placed]),
+            _geometric_interval([fit.C_mid for fit in placed]),
+        ]
+        r0 = statistics.fmean(fit.R0 for fit, _ in arm_fits)
+        r2 = statistics.median(fit.r_squared for fit, _ in arm_fits)
+        at_bound = sum(fit.A > 0.999 for fit, _ in arm_fits)
+        rows.append(
+            f"| {claim} | {arm} | {len(arm_fits)} | {at_bound} | {len(arm_fits) - len(placed)} | {r0:.3f} | "
+            f"{' | '.join(cells)} | {r2:.2f} |"
+        )
     return rows
 
 
@@ -532,7 +556,9 @@ def summarize(options) -> str:
         "training reward (a generation step's mean over its 16 completions) against the generated tokens so far, "
         "then each parameter's mean and 95% t interval across the arm's seeds. The reward is binary, so A is bounded "
         "by 1 (fit_compute_curve's a_max); 'A at 1' counts the runs whose curve was still rising at the end, where A "
-        "is not identified and B and C_mid describe the rise only. Runs recorded before curves were kept (maxrl_passk, "
+        "is not identified and B and C_mid describe the rise only; 'flat' counts the runs whose fitted curve climbs "
+        f"less than {_RISE_PLACED:.0%} of A − R0 across the run (it placed no rise), left out of B and C_mid, which are geometric "
+        "means with intervals on the log scale (they are scales, and one steep run would dominate a plain mean). Runs recorded before curves were kept (maxrl_passk, "
         "stale_cispo seeds 0-6) are not in this table.\n\n" + "\n".join(_fit_rows(fits))
     )
     print(table)
@@ -610,7 +636,7 @@ def _plot_curves(runs: dict, budget: int, fits: dict) -> None:
     plt.close(fig)
 
 
-def _plot_mean_fit(axis, arm_fits: list | None, budget: int, colour: str) -> None:
+def _plot_mean_fit(axis, arm_fits: list[tuple] | None, budget: int, colour: str) -> None:
     """The seeds' fitted sigmoids averaged point by point (a sigmoid at the mean parameters can be a step no run
     has)."""
     if not arm_fits:
@@ -618,7 +644,7 @@ def _plot_mean_fit(axis, arm_fits: list | None, budget: int, colour: str) -> Non
     import numpy as np
 
     grid = np.linspace(budget / 40, budget, 80)
-    axis.plot(grid, np.mean([fit.predict(grid) for fit in arm_fits], axis=0), "--", color=colour, lw=1)
+    axis.plot(grid, np.mean([fit.predict(grid) for fit, _ in arm_fits], axis=0), "--", color=colour, lw=1)
 
 
 def main(argv: list[str] | None = None) -> str:

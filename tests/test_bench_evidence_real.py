@@ -112,7 +112,7 @@ def test_summary_pairs_each_comparison_by_seed_and_fits_each_arms_curves(evidenc
     assert "opposite at 4 seeds" in topk
     fits = evidence.curve_fits(runs, 4000)
     assert set(fits) == {("async_k8", arm) for arm in ("clip", "cispo", "dppo_binary", "dppo_topk")}
-    asymptote = sum(fit.A for fit in fits[("async_k8", "cispo")]) / 4
+    asymptote = sum(fit.A for fit, _ in fits[("async_k8", "cispo")]) / 4
     assert math.isclose(asymptote, 0.7, abs_tol=0.05)
     assert (tmp_path / "effects.png").exists() and (tmp_path / "curves.png").exists()
 
@@ -124,3 +124,20 @@ def test_the_docs_page_holds_the_table_of_the_recorded_runs(evidence):
     assert path.name == "which-preset.md"
     table, _ = evidence.comparison_table(evidence._runs(), evidence.DEFAULT_BUDGET)
     assert block == table
+
+
+def test_a_flat_fit_is_counted_and_left_out_of_b_and_c_mid(evidence):
+    """A run whose reward never rises gives a sigmoid with no rise inside the data (C_mid far away, or B near 0):
+    its B and C_mid are not identified, so the fit table counts it as flat and keeps it out of their intervals."""
+    rising = [_run("async_k8", "clip", seed, 0.3, 0.7) for seed in range(3)]
+    flat = _run("async_k8", "clip", 3, 0.3, 0.7)
+    flat["curve"] = [[tokens, 0.2 + 0.01 * ((-1) ** step)] for step, (tokens, _) in enumerate(flat["curve"])]
+    runs = {f"async_k8/clip/{run['seed']}/4000": run for run in rising + [flat]}
+    fits = evidence.curve_fits(runs, 4000)[("async_k8", "clip")]
+    rises = sorted(rise for _, rise in fits)
+    assert rises[0] < evidence._RISE_PLACED <= rises[1]
+    (row,) = [line for line in evidence._fit_rows({("async_k8", "clip"): fits}) if line.startswith("| async_k8")]
+    cells = [cell.strip() for cell in row.split("|")[1:-1]]
+    assert cells[2:5] == ["4", "0", "1"]  # runs, A at 1, flat
+    c_mid = float(cells[8].split(" ")[0])
+    assert 1000 < c_mid < 2200  # the three rising runs' midpoint (1500), untouched by the flat one
