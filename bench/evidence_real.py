@@ -74,6 +74,7 @@ CURVES_PLOT = Path(__file__).with_name("evidence_real_curves.png")
 _RISE_PLACED = 0.1  # a fit whose curve climbs less than this share of A - R0 across the run's own tokens is flat
 #: the mean |log(pi_theta / mu)| over the tokens of a step, logged where the loss's ratio is taken to the sampler
 _SAMPLER_RATIO = "async/sampler_ratio/abs_log_mean"
+_TRL_SAMPLER_DIFFERENCE = "sampling/sampling_logp_difference/mean"  # the same |log pi - log mu|, TRL's correction
 
 _BASE = {"advantage_estimator": "grpo", "loss_aggregation": "token_mean", "dynamic_sampling": False}
 _CLIP = {"policy_loss": "clip", "epsilon": 0.2, "epsilon_high": 0.28}
@@ -207,6 +208,17 @@ def _clipped_fractions(history: list[dict]) -> list[float]:
     return clipped
 
 
+def _sampler_log_ratios(history: list[dict]) -> list[float]:
+    """Per logged step, the mean ``|log(pi / mu)|`` over the loss tokens: the package's own metric for losses whose
+    ratio is against the sampler (CISPO, DPPO), TRL's ``sampling_logp_difference`` (``pi_old`` against ``mu``) for
+    the losses that use TRL's correction (the clip), so every off-policy arm has the column."""
+    return [
+        entry[_SAMPLER_RATIO] if _SAMPLER_RATIO in entry else entry[_TRL_SAMPLER_DIFFERENCE]
+        for entry in history
+        if _SAMPLER_RATIO in entry or _TRL_SAMPLER_DIFFERENCE in entry
+    ]
+
+
 def _trainer_within_budget(job: dict, trainer_class, args, path, tokenizer, task, reward, tokens: dict):
     """The LoRA trainer of one run, stopped at the step where the generated tokens reach ``job["budget"]``."""
     import transformers
@@ -288,7 +300,7 @@ def run_one(job: dict) -> dict:
     clipped = _clipped_fractions(history)
     rewards = [entry["reward"] for entry in history if "reward" in entry]
     entropies = [entry["entropy"] for entry in history if "entropy" in entry]
-    sampler = [entry[_SAMPLER_RATIO] for entry in history if _SAMPLER_RATIO in entry]
+    sampler = _sampler_log_ratios(history)
     return {
         **job,
         "steps": trainer.state.global_step,

@@ -141,3 +141,13 @@ def test_a_flat_fit_is_counted_and_left_out_of_b_and_c_mid(evidence):
     assert cells[2:5] == ["4", "0", "1"]  # runs, A at 1, flat
     c_mid = float(cells[8].split(" ")[0])
     assert 1000 < c_mid < 2200  # the three rising runs' midpoint (1500), untouched by the flat one
+
+
+def test_every_off_policy_arm_records_its_sampler_ratio(evidence):
+    """CISPO and DPPO log the package's ``async/sampler_ratio``; the clip, which uses TRL's correction, logs TRL's
+    ``sampling_logp_difference`` (the same mean |log(pi/mu)|): the run records whichever its arm has."""
+    own = [{"loss": 1.0, "async/sampler_ratio/abs_log_mean": 0.02}, {"loss": 1.0}]
+    trl = [{"loss": 1.0, "sampling/sampling_logp_difference/mean": 0.03}]
+    assert evidence._sampler_log_ratios(own) == [0.02]
+    assert evidence._sampler_log_ratios(trl) == [0.03]
+    assert evidence._sampler_log_ratios([{"loss": 1.0}]) == []
