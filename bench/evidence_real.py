@@ -301,6 +301,8 @@ def run_one(job: dict) -> dict:
     rewards = [entry["reward"] for entry in history if "reward" in entry]
     entropies = [entry["entropy"] for entry in history if "entropy" in entry]
     sampler = _sampler_log_ratios(history)
+    # the share of importance weights TRL's correction truncated or masked (sequence_mask by default: whole sequences)
+    changed = [entry["async/is_weight_changed"] for entry in history if "async/is_weight_changed" in entry]
     return {
         **job,
         "steps": trainer.state.global_step,
@@ -312,6 +314,7 @@ def run_one(job: dict) -> dict:
         "train_reward_last": statistics.fmean(rewards[-5:]) if rewards else float("nan"),
         "entropy_end": statistics.fmean(entropies[-3:]) if entropies else float("nan"),
         "sampler_ratio_abs_log": statistics.fmean(sampler) if sampler else float("nan"),
+        "is_weight_changed": statistics.fmean(changed) if changed else float("nan"),
         "curve": tokens["curve"],
         "load": os.getloadavg()[0],
     }
