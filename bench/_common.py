@@ -248,3 +248,12 @@ def t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, fl
         return mean, math.nan, math.nan
     half = t_critical(len(values) - 1, confidence) * statistics.stdev(values) / math.sqrt(len(values))
     return mean, mean - half, mean + half
+
+
+def geometric_t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """``(geometric mean, low, high)`` of positive ``values``: the t interval of their logs, mapped back. For ratios or
+    scales (a step-time ratio, a fitted C_mid), where one large value would dominate a plain mean."""
+    import math
+
+    mean, low, high = t_interval([math.log(value) for value in values], confidence)
+    return math.exp(mean), math.exp(low), math.exp(high)

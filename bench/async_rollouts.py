@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -36,7 +35,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import t_interval, trainer_classes  # noqa: E402
+from _common import geometric_t_interval, trainer_classes  # noqa: E402
 from _results import record  # noqa: E402
 
 RUNS = Path(__file__).with_name("async_runs.json")
@@ -195,11 +194,11 @@ def collect(options) -> None:
 
 def _ratio(seeds: dict, base: dict) -> str:
     """Throughput of ``seeds`` over ``base``, paired by seed: geometric mean and 95% t interval."""
-    paired = [math.log(seeds[s]["tokens_per_second"] / base[s]["tokens_per_second"]) for s in seeds if s in base]
+    paired = [seeds[s]["tokens_per_second"] / base[s]["tokens_per_second"] for s in seeds if s in base]
     if len(paired) < 2:
         return "–"
-    mean, low, high = t_interval(paired)
-    return f"{math.exp(mean):.2f}x [{math.exp(low):.2f}, {math.exp(high):.2f}]"
+    mean, low, high = geometric_t_interval(paired)
+    return f"{mean:.2f}x [{low:.2f}, {high:.2f}]"
 
 
 def _mean(seeds: dict, field: str) -> str:

@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -62,7 +61,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import t_interval  # noqa: E402
+from _common import geometric_t_interval, t_interval  # noqa: E402
 from _results import record  # noqa: E402
 
 RUNS = Path(__file__).with_name("evidence_real_runs.json")
@@ -486,8 +485,8 @@ def _geometric_interval(values: list[float]) -> str:
     and one run's steep or late fit would otherwise dominate an arithmetic mean."""
     if not values:
         return "–"
-    mean, low, high = t_interval([math.log(value) for value in values])
-    return f"{math.exp(mean):.3g} [{math.exp(low):.3g}, {math.exp(high):.3g}]"
+    mean, low, high = geometric_t_interval(values)
+    return f"{mean:.3g} [{low:.3g}, {high:.3g}]"
 
 
 def _fit_rows(fits: dict[tuple[str, str], list[tuple]]) -> list[str]:
@@ -572,9 +571,10 @@ def summarize(options) -> str:
         "then each parameter's mean and 95% t interval across the arm's seeds. The reward is binary, so A is bounded "
         "by 1 (fit_compute_curve's a_max); 'A at 1' counts the runs whose curve was still rising at the end, where A "
         "is not identified and B and C_mid describe the rise only; 'flat' counts the runs whose fitted curve climbs "
-        f"less than {_RISE_PLACED:.0%} of A − R0 across the run (it placed no rise), left out of B and C_mid, which are geometric "
-        "means with intervals on the log scale (they are scales, and one steep run would dominate a plain mean). Runs recorded before curves were kept (maxrl_passk, "
-        "stale_cispo seeds 0-6) are not in this table.\n\n" + "\n".join(_fit_rows(fits))
+        f"less than {_RISE_PLACED:.0%} of A − R0 across the run (it placed no rise), left out of B and C_mid, which "
+        "are geometric means with intervals on the log scale (they are scales, and one steep run would dominate a "
+        "plain mean). Runs recorded before curves were kept (maxrl_passk, stale_cispo seeds 0-6) are not in this "
+        "table.\n\n" + "\n".join(_fit_rows(fits))
     )
     print(table)
     _plot(effects)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -39,7 +38,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import t_interval, use_free_cores  # noqa: E402
+from _common import geometric_t_interval, use_free_cores  # noqa: E402
 from _results import record  # noqa: E402
 
 RUNS = Path(__file__).with_name("off_policy_runs.json")
@@ -218,14 +217,14 @@ def summarize(options) -> str:
             continue
         median = statistics.median(s for run in seeds.values() for s in run["step_seconds"])
         paired = [
-            math.log(statistics.median(run["step_seconds"]) / statistics.median(base[seed]["step_seconds"]))
+            statistics.median(run["step_seconds"]) / statistics.median(base[seed]["step_seconds"])
             for seed, run in seeds.items()
             if seed in base
         ]
         ratio = "–"
         if len(paired) >= 2:
-            mean, low, high = t_interval(paired)
-            ratio = f"{math.exp(mean):.3f}x [{math.exp(low):.3f}, {math.exp(high):.3f}]"
+            mean, low, high = geometric_t_interval(paired)
+            ratio = f"{mean:.3f}x [{low:.3f}, {high:.3f}]"
         forwards = statistics.median(run["forwards_per_step"] for run in seeds.values())
         threads = sorted({run["threads"] for run in seeds.values()})
         lines.append(
