@@ -257,3 +257,16 @@ def geometric_t_interval(values: list[float], confidence: float = 0.95) -> tuple
 
     mean, low, high = t_interval([math.log(value) for value in values], confidence)
     return math.exp(mean), math.exp(low), math.exp(high)
+
+
+def require_recorded_runs(found: int, runs_file: os.PathLike, wanted: list[str], recorded: list[str]) -> None:
+    """Stop ``--summarize`` with a readable message when no recorded run matches the options, instead of a table
+    built from nothing (and a results section overwritten with it). ``wanted`` and ``recorded`` are run keys."""
+    if found:
+        return
+    shown = ", ".join(sorted(recorded)[:8]) or "none"
+    raise SystemExit(
+        f"no run recorded in {os.path.basename(runs_file)} matches these options (keys like {wanted[0]!r}); "
+        f"recorded keys: {shown}{', ...' if len(recorded) > 8 else ''}. Pass the options the runs were made with "
+        "(bench/RESULTS.md gives each table's command), or drop --summarize to run them."
+    )

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
+#: In a section, what follows this line was written by hand (a reading of the table) and survives a rewrite.
+NOTES_MARKER = "<!-- notes: written by hand, kept when the script rewrites the table above -->"
 
 
 def machine() -> str:
@@ -30,12 +32,20 @@ def machine() -> str:
 
 def record(section: str, table: str, command: str | None = None, path: Path = RESULTS) -> None:
     """Replace (or append) the ``## section`` of ``path`` with ``table`` and the command that produced it (by
-    default this process's command line)."""
-    if command is None:
-        command = shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    body = f"## {section}\n\n`{command}` — {stamp} — {machine()}\n\n{table.strip()}\n"
+    default this process's command line; under ``--summarize``, the command that made the runs). Notes below
+    :data:`NOTES_MARKER` in the old section are kept."""
     text = path.read_text() if path.exists() else "# Benchmark results\n\nWritten by the scripts in `bench/`.\n"
     pattern = re.compile(rf"^## {re.escape(section)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _: body + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + body
+    old = pattern.search(text)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if command is None:
+        command = shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+        ran = old and re.search(r"^`(.+?)` — ", old.group(0), re.M)
+        if "--summarize" in sys.argv[1:] and ran and "--summarize" not in ran.group(1):
+            # Only the table was rebuilt: the command that made the runs is still the one a reader needs.
+            command, stamp = ran.group(1), f"table rebuilt {stamp} from the recorded runs"
+    body = f"## {section}\n\n`{command}` — {stamp} — {machine()}\n\n{table.strip()}\n"
+    if old and NOTES_MARKER in old.group(0):
+        body += "\n" + NOTES_MARKER + old.group(0).split(NOTES_MARKER, 1)[1].rstrip() + "\n"
+    text = pattern.sub(lambda _: body + "\n", text) if old else text.rstrip() + "\n\n" + body
     path.write_text(text.rstrip() + "\n")

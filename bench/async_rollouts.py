@@ -35,7 +35,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import geometric_t_interval, trainer_classes  # noqa: E402
+from _common import geometric_t_interval, require_recorded_runs, trainer_classes  # noqa: E402
 from _results import record  # noqa: E402
 
 RUNS = Path(__file__).with_name("async_runs.json")
@@ -212,6 +212,7 @@ def summarize(options) -> str:
     for key, run in _runs().items():
         if key in runs:
             by_arm[runs[key]][run["seed"]] = run
+    require_recorded_runs(sum(map(len, by_arm.values())), RUNS, list(runs), list(_runs()))
     lines = [
         "| arm | seeds | s/step (median) | trained tokens/s (mean) | vs sync-1t [95% t] | vs sync-2t [95% t] "
         "| reward, last 5 steps | in the trainer's generate, s/step | trainer's own work, s/step "

@@ -1,6 +1,6 @@
 """The synchronous vLLM path on the real model: our DAPO against ``GRPOTrainer(loss_type="dapo", epsilon_high=0.28)``.
 
-    python bench/off_policy.py --seeds 0 1 2 --steps 6 --warmup 1
+    python bench/off_policy.py --seeds 0 1 2 --steps 4 --warmup 1 --num_threads 2
 
 vLLM cannot run here (no CUDA), so TRL's ``VLLMGeneration`` is replaced by an engine stand-in that answers at once,
 as an engine on its own device would from the trainer's point of view: each completion is ``--length`` token ids
@@ -38,7 +38,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import geometric_t_interval, use_free_cores  # noqa: E402
+from _common import geometric_t_interval, require_recorded_runs, use_free_cores  # noqa: E402
 from _results import record  # noqa: E402
 
 RUNS = Path(__file__).with_name("off_policy_runs.json")
@@ -207,6 +207,8 @@ def summarize(options) -> str:
             run = _runs().get(_key(arm, seed, options))
             if run is not None:
                 by_arm[arm][seed] = run
+    wanted = [_key(arm, seed, options) for arm in options.arms for seed in options.seeds]
+    require_recorded_runs(sum(map(len, by_arm.values())), RUNS, wanted, list(_runs()))
     base = by_arm.get("trl", {})
     lines = [
         "| arm | seeds | s/step (median) | model forwards a step | step time vs `trl` [95% t] | torch threads |",
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--length", type=int, default=16, help="completion tokens")
     parser.add_argument("--num_threads", type=int, default=None, help="torch threads (default: the free cores)")
