@@ -209,10 +209,11 @@ def _mean(seeds: dict, field: str) -> str:
 def summarize(options) -> str:
     runs = {_key(options, arm, seed): arm for arm in options.arms for seed in range(100)}
     by_arm: dict[str, dict] = {arm: {} for arm in options.arms}
-    for key, run in _runs().items():
+    recorded = _runs()
+    for key, run in recorded.items():
         if key in runs:
             by_arm[runs[key]][run["seed"]] = run
-    require_recorded_runs(sum(map(len, by_arm.values())), RUNS, list(runs), list(_runs()))
+    require_recorded_runs(sum(map(len, by_arm.values())), RUNS, list(runs), list(recorded))
     lines = [
         "| arm | seeds | s/step (median) | trained tokens/s (mean) | vs sync-1t [95% t] | vs sync-2t [95% t] "
         "| reward, last 5 steps | in the trainer's generate, s/step | trainer's own work, s/step "

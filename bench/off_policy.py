@@ -201,14 +201,15 @@ def collect(options) -> None:
 
 
 def summarize(options) -> str:
+    recorded = _runs()
     by_arm: dict[str, dict[int, dict]] = {arm: {} for arm in options.arms}
     for arm in options.arms:
         for seed in options.seeds:
-            run = _runs().get(_key(arm, seed, options))
+            run = recorded.get(_key(arm, seed, options))
             if run is not None:
                 by_arm[arm][seed] = run
     wanted = [_key(arm, seed, options) for arm in options.arms for seed in options.seeds]
-    require_recorded_runs(sum(map(len, by_arm.values())), RUNS, wanted, list(_runs()))
+    require_recorded_runs(sum(map(len, by_arm.values())), RUNS, wanted, list(recorded))
     base = by_arm.get("trl", {})
     lines = [
         "| arm | seeds | s/step (median) | model forwards a step | step time vs `trl` [95% t] | torch threads |",

@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
+import _common  # bench/ is on sys.path from tests/conftest.py
+import _results
 import pytest
-
-BENCH = Path(__file__).parents[1] / "bench"
-
-
-def _load(name: str):
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
-
 
 SECTION = """# Benchmark results
 
@@ -43,7 +29,7 @@ kept as it was
 
 
 def test_record_keeps_the_notes_and_under_summarize_the_command_that_made_the_runs(tmp_path, monkeypatch):
-    results = _load("_results")
+    results = _results
     path = tmp_path / "RESULTS.md"
     path.write_text(SECTION.format(marker=results.NOTES_MARKER))
     monkeypatch.setattr(results, "machine", lambda: "this machine")
@@ -66,7 +52,7 @@ def test_record_keeps_the_notes_and_under_summarize_the_command_that_made_the_ru
 
 
 def test_summarize_without_matching_runs_names_the_recorded_keys(tmp_path):
-    common = _load("_common")
+    common = _common
     common.require_recorded_runs(1, tmp_path / "runs.json", ["a/0/6"], ["a/0/4"])  # found: nothing raised
     with pytest.raises(SystemExit, match=r"runs\.json matches.*'a/0/6'.*recorded keys: a/0/4, a/1/4\..*RESULTS\.md"):
         common.require_recorded_runs(0, tmp_path / "runs.json", ["a/0/6"], ["a/1/4", "a/0/4"])
