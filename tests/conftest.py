@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -21,8 +22,19 @@ import trl_reasoning as tr  # noqa: E402
 from trl_reasoning.models.tiny import cpu_config_kwargs, save_tiny_model  # noqa: E402
 from trl_reasoning.tasks.digit_reversal import digit_reward  # noqa: E402
 
-sys.path.append(str(Path(__file__).parents[1] / "bench"))
+BENCH = Path(__file__).parents[1] / "bench"
+sys.path.append(str(BENCH))
 from _common import run_torchrun as launch_two_processes  # noqa: E402
+
+
+def load_bench_script(name: str):
+    """A fresh module of ``bench/<name>.py`` (not the cached import: a test that changes its globals leaves the next
+    test's copy untouched)."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 #: Set by pytest-xdist in its workers ("gw0", "gw1", ...); None in a plain pytest run.
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")

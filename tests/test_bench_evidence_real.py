@@ -3,23 +3,17 @@ curve fits and plots on recorded runs (the runs themselves take minutes each on 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import random
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).parents[1] / "bench"
+from conftest import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def evidence():
-    spec = importlib.util.spec_from_file_location("evidence_real", BENCH / "evidence_real.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("evidence_real")
 
 
 def test_every_arm_builds_its_config_and_every_comparison_names_two_arms(evidence, tmp_path):

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
 import threading
-from pathlib import Path
 
 import pytest
+from conftest import load_bench_script as _load
 from transformers import TrainerCallback
 
-BENCH = Path(__file__).parents[1] / "bench"
-
 pytestmark = pytest.mark.slow
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_dynamic_sampling_bench_quick():
