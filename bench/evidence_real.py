@@ -445,7 +445,7 @@ def _comparison_rows(runs: dict, budget: int) -> tuple[list[str], list[tuple]]:
             if not paired:
                 continue
             said, mean, low, high = verdict([a[measure] - b[measure] for a, b in paired], pair["expects"])
-            effects.append((f"{claim}: {arm_a} − {arm_b} ({measure})", mean, low, high))
+            effects.append((f"{claim}: {arm_a} − {arm_b}", measure, mean, low, high))
 
             def both(key: str, digits: int, paired=paired) -> str:
                 return f"{_mean_of(paired, 0, key, digits)} / {_mean_of(paired, 1, key, digits)}"
@@ -524,6 +524,32 @@ def _runs_missing(runs: dict, budget: int, seeds: int) -> dict[str, int]:
     }
 
 
+def _runs_without_curves(runs: dict, budget: int) -> dict[str, list[int]]:
+    """claim/arm -> the seeds whose recorded run kept no reward curve (recorded before curves were kept)."""
+    missing: dict[str, list[int]] = {}
+    for claim, spec in CLAIMS.items():
+        for arm in spec["arms"]:
+            seeds = sorted(
+                run["seed"]
+                for run in runs.values()
+                if (run["claim"], run["arm"], run["budget"]) == (claim, arm, budget) and not run.get("curve")
+            )
+            if seeds:
+                missing[f"{claim}/{arm}"] = seeds
+    return missing
+
+
+def _seed_list(seeds: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    spans: list[list[int]] = []
+    for seed in sorted(seeds):
+        if spans and seed == spans[-1][1] + 1:
+            spans[-1][1] = seed
+        else:
+            spans.append([seed, seed])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
 def comparison_table(runs: dict, budget: int) -> tuple[str, list[tuple]]:
     """The claims' table in markdown (one row per comparison with recorded pairs) and each row's effect for the plot;
     ``docs/which-preset.md`` holds it between ``<!-- evidence:start -->`` and ``<!-- evidence:end -->``."""
@@ -556,15 +582,20 @@ def summarize(options) -> str:
     hours = sum(run.get("wall_s", 0.0) for run in runs.values()) / 3600
     missing = _runs_missing(runs, options.budget, seeds=8)
     per_run = statistics.median(run["wall_s"] for run in runs.values() if "wall_s" in run)
+    to_do = (
+        f"Every arm of every claim at 8 seeds needs {sum(missing.values())} more runs "
+        f"({', '.join(f'{claim} {count}' for claim, count in missing.items() if count)}): about "
+        f"{sum(missing.values()) * per_run / 2 / 3600:.1f} h at the median {per_run:.0f} s a run, two at a time."
+        if any(missing.values())
+        else f"Every arm of every claim has its 8 seeds (median {per_run:.0f} s a run)."
+    )
+    no_curve = _runs_without_curves(runs, budget=options.budget)
     table = (
         f"SmolLM2-135M-Instruct, LoRA r=16, lr 2e-4 constant, one-step add/sub/mul, {options.budget} generated completion "
         f"tokens per run, held-out set of 64 questions x 8 samples; arms paired by seed, 95% Student-t interval of the "
         f"per-seed differences; 'resolvable ±' is the interval's half-width, the smallest effect these seeds could "
         f"call. {len(runs)} runs recorded, {hours:.1f} h of wall time in all (two runs at a time); machine load (1-min "
-        f"average at the end of each run): median {statistics.median(loads):.1f} on 2 cores. Every arm of every claim "
-        f"at 8 seeds needs {sum(missing.values())} more runs "
-        f"({', '.join(f'{claim} {count}' for claim, count in missing.items() if count) or 'none'}): about "
-        f"{sum(missing.values()) * per_run / 2 / 3600:.1f} h at the median {per_run:.0f} s a run, two at a time.\n\n"
+        f"average at the end of each run): median {statistics.median(loads):.1f} on 2 cores. {to_do}\n\n"
         + comparisons
         + "\nCompute curves: ScaleRL's sigmoid R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) fitted to each run's "
         "training reward (a generation step's mean over its 16 completions) against the generated tokens so far, "
@@ -573,8 +604,16 @@ def summarize(options) -> str:
         "is not identified and B and C_mid describe the rise only; 'flat' counts the runs whose fitted curve climbs "
         f"less than {_RISE_PLACED:.0%} of A − R0 across the run (it placed no rise), left out of B and C_mid, which "
         "are geometric means with intervals on the log scale (they are scales, and one steep run would dominate a "
-        "plain mean). Runs recorded before curves were kept (maxrl_passk, stale_cispo seeds 0-6) are not in this "
-        "table.\n\n" + "\n".join(_fit_rows(fits))
+        "plain mean). "
+        + (
+            "Runs recorded before curves were kept are not in this table: "
+            + "; ".join(f"{arm} seeds {_seed_list(seeds)}" for arm, seeds in no_curve.items())
+            + "."
+            if no_curve
+            else "Every recorded run kept its curve."
+        )
+        + "\n\n"
+        + "\n".join(_fit_rows(fits))
     )
     print(table)
     _plot(effects)
@@ -597,21 +636,30 @@ def _pyplot():
 
 
 def _plot(effects) -> None:
+    """One panel per measure (pass rates, tokens and nats do not share a scale), one row per comparison: the mean
+    difference with its 95% t interval; a comparison with a single seed is a grey dot."""
     plt = _pyplot()
     if plt is None or not effects:
         return
-    fig, axis = plt.subplots(figsize=(8, 0.6 + 0.45 * len(effects)))
-    for row, (_label, mean, low, high) in enumerate(effects):
-        if low == low:  # nan with fewer than two seeds
-            axis.errorbar(mean, row, xerr=[[mean - low], [high - mean]], fmt="o", capsize=4, color="tab:blue")
-        else:
-            axis.plot(mean, row, "o", color="tab:grey")
-    axis.axvline(0, color="grey", lw=1)
-    axis.set_yticks(range(len(effects)), [label for label, *_ in effects], fontsize=8)
-    axis.set_xlabel("arm A − arm B (mean over seeds, 95% t interval)")
-    axis.set_title("Evidence v4 on SmolLM2-135M-Instruct")
+    measures = list(dict.fromkeys(measure for _, measure, *_ in effects))
+    heights = [sum(m == measure for _, m, *_ in effects) + 0.8 for measure in measures]
+    fig, axes = plt.subplots(
+        len(measures), 1, figsize=(9, 0.8 + 0.42 * sum(heights)), squeeze=False, height_ratios=heights
+    )
+    for axis, measure in zip(axes[:, 0], measures, strict=True):
+        rows = [effect for effect in effects if effect[1] == measure]
+        for row, (_label, _measure, mean, low, high) in enumerate(rows):
+            if low == low:  # nan with fewer than two seeds
+                axis.errorbar(mean, row, xerr=[[mean - low], [high - mean]], fmt="o", capsize=4, color="tab:blue")
+            else:
+                axis.plot(mean, row, "o", color="tab:grey")
+        axis.axvline(0, color="grey", lw=1)
+        axis.set_yticks(range(len(rows)), [label for label, *_ in rows], fontsize=8)
+        axis.set_ylim(-0.6, len(rows) - 0.4)
+        axis.set_xlabel(f"{measure}: arm A − arm B (mean over seeds, 95% t interval)", fontsize=8)
+    axes[0, 0].set_title("Evidence v4 on SmolLM2-135M-Instruct (LoRA)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=110)
+    fig.savefig(PLOT, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -634,8 +682,12 @@ def _plot_curves(runs: dict, budget: int, fits: dict) -> None:
     claims = [c for c in CLAIMS if any(r["claim"] == c and r.get("curve") for r in runs.values())]
     if plt is None or not claims:
         return
-    fig, axes = plt.subplots(1, len(claims), figsize=(4.2 * len(claims), 3.4), squeeze=False)
-    for axis, claim in zip(axes[0], claims, strict=True):
+    columns = min(3, len(claims))
+    grid_rows = -(-len(claims) // columns)
+    fig, axes = plt.subplots(grid_rows, columns, figsize=(4.6 * columns, 3.6 * grid_rows), squeeze=False)
+    for axis in axes.flat[len(claims) :]:
+        axis.set_visible(False)
+    for axis, claim in zip(axes.flat, claims, strict=False):
         for index, arm in enumerate(CLAIMS[claim]["arms"]):
             curves = [r["curve"] for r in runs.values() if r["claim"] == claim and r["arm"] == arm and r.get("curve")]
             if curves:

@@ -73,6 +73,9 @@ def _run(claim: str, arm: str, seed: int, pass1: float, asymptote: float) -> dic
         "seed": seed,
         "budget": 4000,
         "pass@1": pass1,
+        "pass@8": min(1.0, 2 * pass1),
+        "incorrect_length": 20.0 + 10 * pass1,
+        "entropy_end": 1.0 + pass1,
         "steps": 20,
         "clip_fraction": 0.01,
         "sampler_ratio_abs_log": 0.02,
@@ -109,6 +112,31 @@ def test_summary_pairs_each_comparison_by_seed_and_fits_each_arms_curves(evidenc
     asymptote = sum(fit.A for fit, _ in fits[("async_k8", "cispo")]) / 4
     assert math.isclose(asymptote, 0.7, abs_tol=0.05)
     assert (tmp_path / "effects.png").exists() and (tmp_path / "curves.png").exists()
+    # Seeds 4-7 of async_k8's four arms and every other claim's runs are still to do, and the summary says so.
+    assert "more runs (maxrl_passk 16, " in table and "async_k8 16" in table
+    assert "Every recorded run kept its curve." in table
+
+
+def test_summary_names_runs_without_curves_and_says_when_every_seed_is_in(evidence, tmp_path, monkeypatch):
+    runs = {}
+    for claim, spec in evidence.CLAIMS.items():
+        for arm in spec["arms"]:
+            for seed in range(8):
+                runs[f"{claim}/{arm}/{seed}/4000"] = _run(claim, arm, seed, 0.3, 0.6)
+    for seed in (0, 1, 2, 5):
+        del runs[f"maxrl_passk/grpo/{seed}/4000"]["curve"]
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(runs))
+    monkeypatch.setattr(evidence, "RUNS", path)
+    monkeypatch.setattr(evidence, "PLOT", tmp_path / "effects.png")
+    monkeypatch.setattr(evidence, "CURVES_PLOT", tmp_path / "curves.png")
+    monkeypatch.setattr(evidence, "record", lambda section, table: None)
+    monkeypatch.setattr(evidence, "_write_docs_table", lambda table: None)
+    table = evidence.main(["--summarize"])
+    assert "Every arm of every claim has its 8 seeds" in table and "more runs" not in table
+    assert "not in this table: maxrl_passk/grpo seeds 0-2, 5." in table
+    grpo_fits = next(line for line in table.splitlines() if line.startswith("| maxrl_passk | grpo |"))
+    assert grpo_fits.split("|")[3].strip() == "4"
 
 
 def test_the_docs_page_holds_the_table_of_the_recorded_runs(evidence):
