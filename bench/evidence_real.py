@@ -641,13 +641,14 @@ def _plot(effects) -> None:
     plt = _pyplot()
     if plt is None or not effects:
         return
-    measures = list(dict.fromkeys(measure for _, measure, *_ in effects))
-    heights = [sum(m == measure for _, m, *_ in effects) + 0.8 for measure in measures]
+    by_measure: dict[str, list[tuple]] = {}
+    for effect in effects:
+        by_measure.setdefault(effect[1], []).append(effect)
+    heights = [len(rows) + 0.8 for rows in by_measure.values()]
     fig, axes = plt.subplots(
-        len(measures), 1, figsize=(9, 0.8 + 0.42 * sum(heights)), squeeze=False, height_ratios=heights
+        len(by_measure), 1, figsize=(9, 0.8 + 0.42 * sum(heights)), squeeze=False, height_ratios=heights
     )
-    for axis, measure in zip(axes[:, 0], measures, strict=True):
-        rows = [effect for effect in effects if effect[1] == measure]
+    for axis, (measure, rows) in zip(axes[:, 0], by_measure.items(), strict=True):
         for row, (_label, _measure, mean, low, high) in enumerate(rows):
             if low == low:  # nan with fewer than two seeds
                 axis.errorbar(mean, row, xerr=[[mean - low], [high - mean]], fmt="o", capsize=4, color="tab:blue")

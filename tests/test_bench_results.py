@@ -29,30 +29,28 @@ kept as it was
 
 
 def test_record_keeps_the_notes_and_under_summarize_the_command_that_made_the_runs(tmp_path, monkeypatch):
-    results = _results
     path = tmp_path / "RESULTS.md"
-    path.write_text(SECTION.format(marker=results.NOTES_MARKER))
-    monkeypatch.setattr(results, "machine", lambda: "this machine")
+    path.write_text(SECTION.format(marker=_results.NOTES_MARKER))
+    monkeypatch.setattr(_results, "machine", lambda: "this machine")
     monkeypatch.setattr(sys, "argv", ["bench/speed.py", "--summarize"])
-    results.record("Speed", "| arm | s/step |\n|---|---:|\n| a | 0.50 |", path=path)
+    _results.record("Speed", "| arm | s/step |\n|---|---:|\n| a | 0.50 |", path=path)
     text = path.read_text()
     assert "| a | 0.50 |" in text and "| a | 1.00 |" not in text
-    assert "A reading of the table, written by hand." in text and text.count(results.NOTES_MARKER) == 1
+    assert "A reading of the table, written by hand." in text and text.count(_results.NOTES_MARKER) == 1
     assert "`python bench/speed.py --steps 4 --seeds 0 1` — table rebuilt" in text
-    assert text.index("| a | 0.50 |") < text.index(results.NOTES_MARKER) < text.index("## Next")
+    assert text.index("| a | 0.50 |") < text.index(_results.NOTES_MARKER) < text.index("## Next")
     assert text.rstrip().endswith("kept as it was")
 
     # A run that collects (no --summarize) records its own command; a section without the marker has no notes.
     path.write_text(SECTION.format(marker=""))
     monkeypatch.setattr(sys, "argv", ["bench/speed.py", "--steps", "8"])
-    results.record("Speed", "| arm | s/step |\n|---|---:|\n| a | 0.25 |", path=path)
+    _results.record("Speed", "| arm | s/step |\n|---|---:|\n| a | 0.25 |", path=path)
     text = path.read_text()
     assert "`python bench/speed.py --steps 8` — 20" in text
     assert "written by hand" not in text and "kept as it was" in text
 
 
 def test_summarize_without_matching_runs_names_the_recorded_keys(tmp_path):
-    common = _common
-    common.require_recorded_runs(1, tmp_path / "runs.json", ["a/0/6"], ["a/0/4"])  # found: nothing raised
+    _common.require_recorded_runs(1, tmp_path / "runs.json", ["a/0/6"], ["a/0/4"])  # found: nothing raised
     with pytest.raises(SystemExit, match=r"runs\.json matches.*'a/0/6'.*recorded keys: a/0/4, a/1/4\..*RESULTS\.md"):
-        common.require_recorded_runs(0, tmp_path / "runs.json", ["a/0/6"], ["a/1/4", "a/0/4"])
+        _common.require_recorded_runs(0, tmp_path / "runs.json", ["a/0/6"], ["a/1/4", "a/0/4"])
