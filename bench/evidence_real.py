@@ -143,9 +143,13 @@ CLAIMS: dict[str, dict] = {
             _pair("eps_high_0.28", "eps_high_0.20", "pass@8", "higher"),
         ],
     },
+    # "clip" is TRL's objective (ratio to pi_old, the learner itself here, with TRL's sequence_mask correction: v4's
+    # baseline); "clip_sampler" is the papers' baseline, the clip on pi_theta / mu (the DPPO paper's GRPO, verl's
+    # bypass mode)
     "async_k8": {
         "arms": {
-            "clip": {**_BASE, **_CLIP, **_ASYNC_K8},
+            "clip": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "pi_old"},
+            "clip_sampler": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "sampler"},
             "cispo": {**_BASE, "policy_loss": "cispo", "epsilon_high": 5.0, **_ASYNC_K8},
             "dppo_binary": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "binary_tv", **_ASYNC_K8},
             "dppo_topk": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "topk_tv", **_ASYNC_K8},
@@ -154,6 +158,10 @@ CLAIMS: dict[str, dict] = {
             _pair("cispo", "clip", "pass@1", "higher"),
             _pair("dppo_binary", "clip", "pass@1", "higher"),
             _pair("dppo_topk", "clip", "pass@1", "higher"),
+            _pair("cispo", "clip_sampler", "pass@1", "higher"),
+            _pair("dppo_binary", "clip_sampler", "pass@1", "higher"),
+            _pair("dppo_topk", "clip_sampler", "pass@1", "higher"),
+            _pair("clip_sampler", "clip", "pass@1", "higher"),
         ],
     },
     # the two recipes as their presets ship them (ScaleRL: CISPO, prompt-mean, batch-scaled advantages, zero-variance
@@ -216,6 +224,19 @@ def _sampler_log_ratios(history: list[dict]) -> list[float]:
         for entry in history
         if _SAMPLER_RATIO in entry or _TRL_SAMPLER_DIFFERENCE in entry
     ]
+
+
+def _effective_sample_sizes(history: list[dict]) -> list[float]:
+    """Per logged step, the normalised effective sample size of the off-policy weights: TRL's correction weights
+    (``sampling/effective_sample_size``), or for a loss whose ratio is the sampler's, of ``pi_theta / mu`` per token,
+    ``mean(w)^2 / mean(w^2)``."""
+    sizes = []
+    for entry in history:
+        if "sampling/effective_sample_size" in entry:
+            sizes.append(entry["sampling/effective_sample_size"])
+        elif entry.get("async/sampler_ratio/sq_mean"):
+            sizes.append(entry["async/sampler_ratio/mean"] ** 2 / entry["async/sampler_ratio/sq_mean"])
+    return sizes
 
 
 def _trainer_within_budget(job: dict, trainer_class, args, path, tokenizer, task, reward, tokens: dict):
@@ -302,6 +323,7 @@ def run_one(job: dict) -> dict:
     sampler = _sampler_log_ratios(history)
     # the share of importance weights TRL's correction truncated or masked (sequence_mask by default: whole sequences)
     changed = [entry["async/is_weight_changed"] for entry in history if "async/is_weight_changed" in entry]
+    ess = _effective_sample_sizes(history)
     return {
         **job,
         "steps": trainer.state.global_step,
@@ -314,6 +336,7 @@ def run_one(job: dict) -> dict:
         "entropy_end": statistics.fmean(entropies[-3:]) if entropies else float("nan"),
         "sampler_ratio_abs_log": statistics.fmean(sampler) if sampler else float("nan"),
         "is_weight_changed": statistics.fmean(changed) if changed else float("nan"),
+        "ess": statistics.fmean(ess) if ess else float("nan"),
         "curve": tokens["curve"],
         "load": os.getloadavg()[0],
     }

@@ -21,16 +21,21 @@ from trl import GRPOConfig
 
 from .algorithms.advantages import ADVANTAGE_ESTIMATORS
 from .algorithms.aggregation import AGGREGATIONS
+from .algorithms.anchors import DECOUPLED_CORRECTION_MODE, check_anchor, default_anchor
 from .algorithms.group_selection import GROUP_SELECTIONS, resolve_group_selection
+from .algorithms.importance_sampling import ICEPOP_BAND, ICEPOP_MODE
 from .algorithms.importance_sampling import check_mode as check_importance_sampling_mode
 from .algorithms.losses import (
     IMPORTANCE_SAMPLING_LEVELS,
     POLICY_LOSSES,
+    async_anchor,
     base_objective,
+    ratio_anchors,
     required_inputs,
     sequence_ratio_form,
 )
 from .algorithms.registry import Registry
+from .algorithms.sampling_processors import unreproduced_settings
 from .algorithms.shaping import MULTI_OBJECTIVE_AGGREGATIONS
 from .algorithms.truncation import sampling_truncation
 from .models.model_card import record_derived_values
@@ -214,6 +219,17 @@ class ReasoningConfig(GRPOConfig):
             `"process"` and `"server"`: seconds the trainer waits for a batch before a `GeneratorError` (`"server"`:
             for each request, counted from its sending, so a queue of slow healthy requests never fails); a worker
             that dies is reported within a second.
+        ratio_anchor (`str` or `None`, *optional*, defaults to `None`):
+            What the objective's importance ratio is taken against (`trl_reasoning.algorithms.anchors`). `"pi_old"`:
+            `π_θ / π_old` with TRL's correction `π_old / μ` on top (`GRPOTrainer`'s objective; with one optimizer step
+            per generation batch the ratio is 1 and the clip never acts). `"sampler"`: `π_θ / μ`, the ratio to the
+            policy that sampled, with no separate correction (verl's "bypass mode", the DPPO paper's GRPO baseline).
+            `"decoupled"`: AReaL's decoupled objective, the clip on `π_θ / π_prox` times `min(π_prox / μ, C)` per token
+            (TRL's correction in `"token_truncate"` mode, `C = vllm_importance_sampling_clip_max`). `None`: `"pi_old"`
+            on a synchronous run (TRL's objective, so a swap from `GRPOTrainer` trains as before), the objective's
+            declared asynchronous anchor on an asynchronous one (`"sampler"` for every ratio-based objective but
+            VESPO, whose weight already folds in `π_old / μ`); DPPO's ratio and mask are always the sampler's.
+            Resolved at construction where `async_rollouts` is `True` or `False`, by the trainer where it is `None`.
         importance_sampling_pi_old_from_loss (`bool`, *optional*, defaults to `True`):
             Where `π_old` of the importance-sampling correction between `π_old` and the sampler `μ` (vLLM or
             asynchronous rollouts, `vllm_importance_sampling_*`) comes from. `True`: from the loss's own forward
@@ -223,8 +239,9 @@ class ReasoningConfig(GRPOConfig):
             `sampling/*` metrics are computed in the loss, with the same values. Elsewhere TRL's forward stays.
             `False`: TRL's forward at scoring, as `GRPOTrainer` does. `vllm_importance_sampling_mode` also takes
             `"sequence_geo_truncate"` and `"sequence_geo_mask"` (the geometric mean of the token ratios: Geo-RS) and
-            `"token_icepop"` (IcePop's band mask; set the band with `vllm_importance_sampling_clip_min/max`, IcePop:
-            0.5 and 5); see `trl_reasoning.algorithms.importance_sampling`. Logged: `sampling/effective_sample_size`.
+            `"token_icepop"` (IcePop's band mask: `vllm_importance_sampling_clip_min/max` left at TRL's defaults, `None`
+            and `3.0`, become IcePop's band `[0.5, 5]`); see `trl_reasoning.algorithms.importance_sampling`. Logged:
+            `sampling/effective_sample_size`.
         truncated_support_scoring (`bool` or `None`, *optional*, defaults to `None`):
             With truncated sampling (`top_k > 0`, `top_p < 1` or `min_p`, also through `generation_kwargs`) the
             sampler's log-probs are those of the truncated, renormalised distribution, while TRL scores the policy on
@@ -383,6 +400,15 @@ class ReasoningConfig(GRPOConfig):
         default=600.0,
         metadata={
             "help": "Asynchronous rollouts with async_generator='process' or 'server': seconds to wait for a batch."
+        },
+    )
+    ratio_anchor: str | None = field(
+        default=None,
+        metadata={
+            "help": "What the objective's ratio is taken against: 'pi_old' (TRL's, with its correction pi_old / mu), "
+            "'sampler' (pi / mu, the policy that sampled: verl's bypass mode) or 'decoupled' (AReaL: clip on "
+            "pi / pi_prox, weight min(pi_prox / mu, C)). None = 'pi_old' when synchronous, the objective's declared "
+            "anchor ('sampler' for the clip) with async_rollouts."
         },
     )
     importance_sampling_pi_old_from_loss: bool = field(
@@ -649,6 +675,8 @@ class ReasoningConfig(GRPOConfig):
         self._validate_delta()
         self._validate_reward_clip_range()
         self._validate_async_fields()
+        self._resolve_icepop_band()
+        self._resolve_ratio_anchor()
         self._validate_reward_fields()
         self._validate_ordering()
         self._resolve_overlong_cache_length()
@@ -701,6 +729,16 @@ class ReasoningConfig(GRPOConfig):
                 f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r} truncates the importance "
                 "weights: set vllm_importance_sampling_clip_min or vllm_importance_sampling_clip_max."
             )
+        if self.async_rollouts is True:
+            settings = {"repetition_penalty": self.repetition_penalty, **(self.generation_kwargs or {})}
+            found = unreproduced_settings(settings, "vllm" if self.use_vllm else "generate")
+            if found:
+                raise ValueError(
+                    f"async_rollouts=True trains on the ratio of the policy to the sampler's recorded log-probabilities, "
+                    f"but {'; '.join(found)} changes the distribution the sampler draws from in a way the trainer "
+                    "does not repeat when it scores the policy (the ratio would not be 1 on a fresh batch). Drop it "
+                    "(repetition_penalty=1.0, or remove it from generation_kwargs), or set async_rollouts=False."
+                )
         if not self.async_timeout > 0:
             raise ValueError(f"async_timeout must be > 0 seconds, got {self.async_timeout}.")
         if self.async_generator != "inline" and self.async_rollouts is not False and self.max_staleness < 1:
@@ -717,6 +755,48 @@ class ReasoningConfig(GRPOConfig):
                 "async_generator='server' sends the batches ahead to TRL's vLLM server: set use_vllm=True and "
                 f"vllm_mode='server' (got use_vllm={self.use_vllm}, vllm_mode={self.vllm_mode!r}), or use "
                 "async_generator='process' (HF generate in a worker process)."
+            )
+
+    def _resolve_icepop_band(self) -> None:
+        """``token_icepop`` runs IcePop's band ``[0.5, 5]`` unless a bound was given: a bound left at TRL's default
+        (``clip_min=None``, ``clip_max=3.0``, the ``sequence_mask`` defaults) takes IcePop's."""
+        if self.vllm_importance_sampling_mode != ICEPOP_MODE:
+            return
+        trl_min, trl_max = (
+            GRPOConfig.__dataclass_fields__[f"vllm_importance_sampling_clip_{bound}"].default
+            for bound in ("min", "max")
+        )
+        if self.vllm_importance_sampling_clip_min == trl_min:
+            self.vllm_importance_sampling_clip_min = ICEPOP_BAND[0]
+        if self.vllm_importance_sampling_clip_max == trl_max:
+            self.vllm_importance_sampling_clip_max = ICEPOP_BAND[1]
+
+    def _resolve_ratio_anchor(self) -> None:
+        """``ratio_anchor`` checked against the objective's declared anchors, and ``None`` resolved where the run's
+        synchrony is known (``async_rollouts`` ``True`` or ``False``; ``None`` is resolved by the trainer).
+        ``"decoupled"`` runs TRL's correction in AReaL's per-token truncation."""
+        supported = ratio_anchors(self.policy_loss)
+        if self.ratio_anchor is None:
+            if self.async_rollouts is not None:
+                self.ratio_anchor = default_anchor(supported, async_anchor(self.policy_loss), self.async_rollouts)
+            return
+        check_anchor(self.ratio_anchor, supported, self.policy_loss)
+        if self.ratio_anchor != "decoupled":
+            return
+        if not self.vllm_importance_sampling_correction:
+            raise ValueError(
+                "ratio_anchor='decoupled' weighs each token by min(pi_prox / mu, C), TRL's importance-sampling "
+                "correction: set vllm_importance_sampling_correction=True, or ratio_anchor='sampler'."
+            )
+        trl_mode = GRPOConfig.__dataclass_fields__["vllm_importance_sampling_mode"].default
+        if self.vllm_importance_sampling_mode == trl_mode:
+            self.vllm_importance_sampling_mode = DECOUPLED_CORRECTION_MODE
+        elif self.vllm_importance_sampling_mode != DECOUPLED_CORRECTION_MODE:
+            raise ValueError(
+                f"ratio_anchor='decoupled' weighs each token by min(pi_prox / mu, C) (AReaL's objective, "
+                f"vllm_importance_sampling_mode={DECOUPLED_CORRECTION_MODE!r}), not by "
+                f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r}. Drop "
+                "vllm_importance_sampling_mode, or use ratio_anchor='pi_old' with that correction."
             )
 
     def _validate_reward_fields(self) -> None:
@@ -876,6 +956,8 @@ def _traits_cell(registry: Registry, name: str) -> str:
     for key, value in sorted(registry.traits(name).items()):
         if isinstance(value, str):
             traits.append(f"`{key}={value}`")
+        elif isinstance(value, tuple) and all(isinstance(item, str) for item in value):
+            traits.append(f"`{key}={'/'.join(value)}`")
         elif value:
             traits.append(f"`{key}`")
     return ", ".join(traits)

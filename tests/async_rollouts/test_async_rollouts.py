@@ -165,18 +165,24 @@ def _stale_batch(trainer):
     return generate_batch(trainer)
 
 
-@pytest.mark.parametrize("policy_loss", ["clip", "cispo", "dppo"])
-def test_each_loss_takes_the_ratio_it_is_defined_with(policy_loss, tiny_model_path, tmp_path):
+@pytest.mark.parametrize(
+    ("policy_loss", "anchor"), [("clip", "pi_old"), ("clip", None), ("cispo", None), ("dppo", None)]
+)
+def test_each_loss_takes_the_ratio_it_is_defined_with(policy_loss, anchor, tiny_model_path, tmp_path):
+    """The clip on pi_old (TRL's objective, asked for by name) with TRL's correction on top; every loss's own
+    asynchronous anchor (ratio_anchor=None: the sampler, for the clip too) with no correction on top."""
     trainer = _trainer(
         tiny_model_path,
         tmp_path,
         policy_loss=policy_loss,
+        ratio_anchor=anchor,
         max_staleness=1,
         max_steps=1,
         epsilon_high=5.0 if policy_loss == "cispo" else 0.28,
         vllm_importance_sampling_mode="token_truncate",
         vllm_importance_sampling_clip_max=3.0,
     )
+    on_pi_old = anchor == "pi_old"
     inputs = _stale_batch(trainer)
     mask = inputs["completion_mask"].float()
     mu = inputs["sampling_per_token_logps"]
@@ -185,7 +191,7 @@ def test_each_loss_takes_the_ratio_it_is_defined_with(policy_loss, tiny_model_pa
     assert "old_per_token_logps" not in inputs and "importance_sampling_ratio" not in inputs
     with torch.no_grad():
         old = trainer.behaviour_logps(inputs)
-    if policy_loss == "clip":
+    if on_pi_old:
         # TRL's token_truncate correction between pi_old and mu, exactly, built in the loss from its forward
         inputs = trainer._with_loss_side_correction(inputs, old, "train")
         inputs["old_per_token_logps"] = old  # pi_theta is moved off pi_old below: pass pi_old itself
@@ -196,13 +202,15 @@ def test_each_loss_takes_the_ratio_it_is_defined_with(policy_loss, tiny_model_pa
     logps = (old + 0.05 * torch.randn_like(old)).requires_grad_()
     advantages = inputs["advantages"].unsqueeze(1)
     per_token, _, stats = trainer._per_token_objective(inputs, logps, None, mask, None)
-    if policy_loss != "clip":
+    if not on_pi_old:
         torch.testing.assert_close(stats["async/sampler_ratio/mean"], torch.exp(logps.detach() - mu))
         # pi_old from TRL's forward would not have changed the loss: it enters only where mu is missing (NaN)
         with_old, _, _ = trainer._per_token_objective({**inputs, "old_per_token_logps": old}, logps, None, mask, None)
         torch.testing.assert_close(with_old * mask, per_token * mask)
-    if policy_loss == "clip":
+    if on_pi_old:
         want = clip_loss(logps, old, advantages, mask, 0.2, 0.28) * inputs["importance_sampling_ratio"]
+    elif policy_loss == "clip":
+        want = clip_loss(logps, mu, advantages, mask, 0.2, 0.28)  # against mu, no correction on top
     elif policy_loss == "cispo":
         want = cispo_loss(logps, mu, advantages, mask, epsilon_high=5.0)  # against mu, no correction on top
     else:
@@ -224,12 +232,9 @@ def test_staleness_zero_trains_as_the_synchronous_run(policy_loss, tiny_model_pa
         trainer = _trainer(tiny_model_path, tmp_path / name, policy_loss=policy_loss, max_steps=3, **settings)
         trainer.train()
         runs[name] = (logged_metric(trainer, "loss"), dict(trainer.model.named_parameters()))
-    # mu is read from generate's scores (KV-cache numerics), pi from the training forward: equal to ~1e-7
-    if policy_loss == "clip":
-        ratio = logged_metric(trainer, "sampling/importance_sampling_ratio/mean")
-        torch.testing.assert_close(torch.tensor(ratio), torch.ones(3), atol=1e-6, rtol=0)
-    else:  # the ratio against the sampler, from the loss's own forward
-        torch.testing.assert_close(torch.tensor(logged_metric(trainer, "async/sampler_ratio/mean")), torch.ones(3))
+    # mu is read from generate's scores (KV-cache numerics), pi from the training forward: equal to ~1e-7; every
+    # loss's asynchronous anchor is the sampler, whose ratio the loss logs from its own forward
+    torch.testing.assert_close(torch.tensor(logged_metric(trainer, "async/sampler_ratio/mean")), torch.ones(3))
     torch.testing.assert_close(torch.tensor(runs["k0"][0]), torch.tensor(runs["sync"][0]), atol=1e-6, rtol=1e-5)
     # Adam divides by the gradient's running scale: on a near-zero gradient a ~1e-7 difference in mu can move a weight
     # by ~1e-4; the bound is a tenth of one Adam step (lr 1e-2), losses agree to 1e-6

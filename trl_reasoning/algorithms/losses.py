@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..utils.user_warnings import user_stacklevel
+from .anchors import RATIO_ANCHORS
 from .registry import Registry, VariantField, at_least, one_of
 
 PolicyLoss = Callable[..., torch.Tensor]
@@ -154,7 +155,12 @@ def check_clip_bounds(config: Any) -> None:
 
 
 # sequence_level: importance_sampling_level="sequence" gives it one ratio per sequence (TRL's option).
-@POLICY_LOSSES.register("clip", sequence_level=True, checks=(check_clip_bounds,))
+# anchors: what its ratio can be taken against (trl_reasoning.algorithms.anchors); async_anchor: the one it takes on an
+# asynchronous run when ratio_anchor is None. The clip takes the sampler there, so that it acts against the policy
+# that sampled (the DPPO paper's GRPO baseline, verl's bypass mode); against pi_old it never acts at one step a batch.
+@POLICY_LOSSES.register(
+    "clip", sequence_level=True, anchors=RATIO_ANCHORS, async_anchor="sampler", checks=(check_clip_bounds,)
+)
 def clip_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -191,11 +197,16 @@ def warn_cispo_cap_below_one(config: Any) -> None:
         )
 
 
-# async_ratio_to_sampler: on an asynchronous batch (async_rollouts) the trainer passes the sampler's log-probs as
+# async_anchor="sampler": on an asynchronous batch (async_rollouts) the trainer passes the sampler's log-probs as
 # old_logps: CISPO's weight is then min(pi / mu, c), as ScaleRL trains it with PipelineRL. ignores_delta: TRL accepts
 # `delta` with this loss type and leaves it out of the loss (so does trl-reasoning, with a warning).
 @POLICY_LOSSES.register(
-    "cispo", sequence_level=True, async_ratio_to_sampler=True, ignores_delta=True, checks=(warn_cispo_cap_below_one,)
+    "cispo",
+    sequence_level=True,
+    anchors=RATIO_ANCHORS,
+    async_anchor="sampler",
+    ignores_delta=True,
+    checks=(warn_cispo_cap_below_one,),
 )
 def cispo_loss(
     logps: torch.Tensor,
@@ -236,7 +247,9 @@ _SAPO_FIELDS = (
 )
 
 
-@POLICY_LOSSES.register("sapo", sequence_level=True, ignores_delta=True, fields=_SAPO_FIELDS)
+@POLICY_LOSSES.register(
+    "sapo", sequence_level=True, anchors=RATIO_ANCHORS, async_anchor="sampler", ignores_delta=True, fields=_SAPO_FIELDS
+)
 def sapo_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -315,7 +328,17 @@ _VESPO_FIELDS = tuple(
 )
 
 
-@POLICY_LOSSES.register("vespo", own_is_correction=True, sequence_level=True, ignores_delta=True, fields=_VESPO_FIELDS)
+# anchors: with TRL's correction folded in, its weight is already taken against the sampler (pi / pi_old times
+# pi_old / mu), so "pi_old" stays its asynchronous anchor.
+@POLICY_LOSSES.register(
+    "vespo",
+    own_is_correction=True,
+    sequence_level=True,
+    anchors=("pi_old", "sampler"),
+    async_anchor="pi_old",
+    ignores_delta=True,
+    fields=_VESPO_FIELDS,
+)
 def vespo_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -460,10 +483,13 @@ _DPPO_FIELDS = (
 
 
 # ratio_to_rollout: the ratio is already taken against the rollout engine's log-probs, so TRL's vLLM
-# importance-sampling correction must not be applied on top. required_inputs: what generation must store.
+# importance-sampling correction must not be applied on top; its only anchor is the sampler. required_inputs: what
+# generation must store.
 @POLICY_LOSSES.register(
     "dppo",
     ratio_to_rollout=True,
+    anchors=("sampler",),
+    async_anchor="sampler",
     required_inputs=_dppo_required_inputs,
     fields=_DPPO_FIELDS,
     checks=(check_dppo_entropy,),
@@ -514,7 +540,7 @@ def _sequence_log_ratio_sum(logps: torch.Tensor, old_logps: torch.Tensor, mask: 
     return ((logps - old_logps) * mask).sum(dim=-1, keepdim=True)
 
 
-@POLICY_LOSSES.register("sequence_clip")
+@POLICY_LOSSES.register("sequence_clip", anchors=RATIO_ANCHORS, async_anchor="sampler")
 def sequence_clip_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -540,7 +566,12 @@ def sequence_clip_loss(
 # sequence_ratio_of: this is "clip" with importance_sampling_level="sequence" (TRL's loss_type="grpo" with it);
 # default_aggregation: the aggregation it takes when neither loss_aggregation nor loss_type is set (TRL's grpo's).
 @POLICY_LOSSES.register(
-    "gspo", sequence_ratio_of="clip", default_aggregation="seq_mean_token_mean", checks=(check_clip_bounds,)
+    "gspo",
+    sequence_ratio_of="clip",
+    default_aggregation="seq_mean_token_mean",
+    anchors=RATIO_ANCHORS,
+    async_anchor="sampler",
+    checks=(check_clip_bounds,),
 )
 def gspo_loss(
     logps: torch.Tensor,
@@ -581,6 +612,17 @@ def sequence_ratio_form(name: str) -> str:
     """The loss registered as ``name`` with the sequence ratio (``"gspo"`` for ``"clip"``), else ``name``."""
     forms = [other for other in POLICY_LOSSES.with_trait("sequence_ratio_of") if base_objective(other) == name]
     return forms[0] if forms else name
+
+
+def ratio_anchors(name: str) -> tuple[str, ...]:
+    """The anchors the policy loss ``name`` can take its ratio against (``trl_reasoning.algorithms.anchors``); a loss
+    registered without the trait takes ``pi_old`` only."""
+    return tuple(POLICY_LOSSES.trait(name, "anchors") or ("pi_old",))
+
+
+def async_anchor(name: str) -> str | None:
+    """The anchor the policy loss ``name`` takes on an asynchronous run when ``ratio_anchor`` is ``None``."""
+    return POLICY_LOSSES.trait(name, "async_anchor")
 
 
 def required_inputs(name: str, **loss_kwargs: Any) -> frozenset[str]:

@@ -737,14 +737,18 @@ class AheadPipeline(TrainerCallback):
         self.close()
 
 
-def async_rollouts_for(host: AsyncRolloutHost) -> AsyncRollouts | None:
+def async_rollouts_for(host: AsyncRolloutHost, sampler_problem: str | None = None) -> AsyncRollouts | None:
     """The asynchronous side of ``host``'s rollouts, or ``None`` when it trains synchronously (``async_rollouts``:
-    ``True`` is an error where the run cannot, ``None`` is on where it can and a warning where it cannot)."""
+    ``True`` is an error where the run cannot, ``None`` is on where it can and a warning where it cannot).
+    ``sampler_problem``: why the sampler's log-probabilities cannot be compared with the policy's (its settings)."""
     zero_stage = getattr(getattr(host.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0)
-    problem = async_rollouts_problem(
-        sharded=host.is_fsdp_enabled or (host.is_deepspeed_enabled and zero_stage == 3),
-        vision_language=host._is_vlm,
-        uses_vllm=host.use_vllm,
+    problem = (
+        async_rollouts_problem(
+            sharded=host.is_fsdp_enabled or (host.is_deepspeed_enabled and zero_stage == 3),
+            vision_language=host._is_vlm,
+            uses_vllm=host.use_vllm,
+        )
+        or sampler_problem
     )
     on = resolve_async_rollouts(host.args.async_rollouts, problem, type(host.args).__name__)
     return AsyncRollouts(host) if on else None

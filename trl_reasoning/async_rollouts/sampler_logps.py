@@ -24,6 +24,12 @@ from collections.abc import Iterator
 
 import torch
 from transformers import LogitsProcessor
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 
 class SampledTokenLogps(LogitsProcessor):
@@ -56,6 +62,25 @@ class SampledTokenLogps(LogitsProcessor):
         return torch.stack(self._steps, dim=1)
 
 
+#: The processors whose effect the trainer repeats when it scores the policy (the temperature and the truncation,
+#: ``trl_reasoning.algorithms.truncation``); the configuration refuses the others before a run starts
+#: (``trl_reasoning.algorithms.sampling_processors``), and this list catches any that reach ``generate`` another way.
+REPRODUCED_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)
+
+
+def check_reproduced(processors) -> None:
+    """Raise a ``ValueError`` naming each processor in ``processors`` whose change to the distribution the trainer
+    would not repeat when it scores the policy (the recorded ``mu`` would then not be the ``mu`` it compares with)."""
+    foreign = sorted({type(p).__name__ for p in processors if not isinstance(p, REPRODUCED_PROCESSORS)})
+    if foreign:
+        raise ValueError(
+            f"generate applies {', '.join(foreign)}, which changes the distribution the asynchronous sampler draws "
+            "from in a way the trainer does not repeat when it scores the policy (the importance ratio pi / mu would "
+            "not be 1 on a fresh batch). Remove the setting or processor that adds it (from generation_kwargs, the "
+            "config, or the model's generation_config), or set async_rollouts=False."
+        )
+
+
 def _generation_model(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model whose ``generate`` builds the processors (a PEFT model's base model)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -75,6 +100,7 @@ def sampled_logps_recorded(model: torch.nn.Module) -> Iterator[list[torch.Tensor
     def processors_with_recorder(*args, **kwargs):
         processors = build_processors(*args, **kwargs)
         if current:
+            check_reproduced(processors)
             processors.append(current[-1])
         return processors
 

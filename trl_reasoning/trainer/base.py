@@ -50,6 +50,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from ..algorithms.aggregation import AGGREGATIONS, aggregate_loss, completion_weights
+from ..algorithms.anchors import default_anchor
 from ..algorithms.batch import TrainBatch
 from ..algorithms.group_selection import RetiredPrompts
 from ..algorithms.importance_sampling import (
@@ -61,7 +62,8 @@ from ..algorithms.importance_sampling import (
     ess_from_terms,
     weight_share_changed,
 )
-from ..algorithms.losses import POLICY_LOSSES, compute_policy_loss
+from ..algorithms.losses import POLICY_LOSSES, async_anchor, compute_policy_loss, ratio_anchors
+from ..algorithms.sampling_processors import model_generation_defaults, unreproduced_settings
 from ..algorithms.trl_mirror import k3_kl, masked_means_over_processes
 from ..algorithms.truncation import sampling_truncation
 from ..async_rollouts.pipeline import async_rollouts_for
@@ -390,9 +392,10 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         # Asynchronous rollouts (trl_reasoning.async_rollouts.pipeline): the behaviour policy's weights, saved in checkpoints,
         # and the generator that samples ahead.
         check_rollout_host(self, AsyncRolloutHost, VLLMBackendHost if self.use_vllm else GenerateBackendHost)
-        self.async_rollouts = async_rollouts_for(self)
+        self.async_rollouts = async_rollouts_for(self, self._sampler_settings_problem())
         self.behaviour = self.async_rollouts and self.async_rollouts.behaviour
         self.pipeline = self.async_rollouts and self.async_rollouts.pipeline
+        self._resolve_ratio_anchor()
         # The vLLM / asynchronous importance-sampling correction: who builds its weight, and its metrics of the
         # generation batch being trained on (accumulated over the micro-batches when the loss builds it).
         self._correction_source = self._importance_sampling_source()
@@ -404,6 +407,69 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             )
             for mode in ("train", "eval")
         }
+
+    def _sampler_settings_problem(self) -> str | None:
+        """Why the sampler's log-probabilities ``mu`` cannot meet the policy's in a ratio: the generation settings
+        that change the distribution sampled from beyond the temperature and truncation the trainer repeats
+        (``trl_reasoning.algorithms.sampling_processors``), TRL's and, for ``generate``, those the model's own
+        ``generation_config`` adds. On a synchronous vLLM run whose loss reads ``mu`` (TRL accepts the settings
+        there) they are a warning."""
+        if self.use_vllm:
+            settings = {"repetition_penalty": self.args.repetition_penalty, **(self.args.generation_kwargs or {})}
+            found = unreproduced_settings(settings, "vllm")
+        else:
+            own = self.generation_config.to_dict()
+            model_config = getattr(unwrap_peft(self.model), "generation_config", None)
+            inherited = model_generation_defaults(own, model_config.to_dict() if model_config is not None else {})
+            found = unreproduced_settings({**own, **inherited}, "generate")
+            found = [
+                f"{item}, from the model's generation_config" if item.split("=")[0] in inherited else item
+                for item in found
+            ]
+            if inherited.get("min_p"):
+                found.append(
+                    f"min_p={inherited['min_p']!r}, from the model's generation_config (set min_p in the config so "
+                    "the trainer scores on the same support)"
+                )
+        if not found:
+            return None
+        problem = (
+            f"{'; '.join(found)} changes the distribution the sampler draws from in a way the trainer does not "
+            "repeat when it scores the policy, so pi / mu would not be 1 on a fresh batch (drop the setting, or give "
+            "it its neutral value in generation_kwargs where the model's generation_config sets it)"
+        )
+        reads_mu = self.args.vllm_importance_sampling_correction or not self._uses_trl_is_ratio()
+        if self.use_vllm and self.args.async_rollouts is False and reads_mu:
+            warnings.warn(
+                f"The sampler's log-probabilities enter the loss, but {problem}.",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
+        return problem
+
+    def _resolve_ratio_anchor(self) -> None:
+        """``args.ratio_anchor`` where the config left it to the trainer (``async_rollouts=None``), and the one warning
+        of an asynchronous run whose objective has no trust region against the sampler."""
+        args, asynchronous = self.args, self.async_rollouts is not None
+        loss = args.policy_loss
+        if args.ratio_anchor is None:
+            args.ratio_anchor = default_anchor(ratio_anchors(loss), async_anchor(loss), asynchronous)
+        if asynchronous and args.ratio_anchor == "pi_old" and not POLICY_LOSSES.trait(loss, "own_is_correction"):
+            steps = args.steps_per_generation * self.num_iterations
+            where = (
+                "the learner itself (one optimizer step per generation batch), so its ratio is 1 and it never acts"
+                if steps == 1
+                else f"the weights that scored the batch, so it acts only within the {steps} optimizer steps of a batch"
+            )
+            warnings.warn(
+                f"ratio_anchor='pi_old' with asynchronous rollouts: policy_loss={loss!r} takes its ratio against "
+                f"pi_old, {where}; nothing bounds the update against the policy that sampled ({args.max_staleness} "
+                "generation steps earlier) but TRL's importance-sampling correction (vllm_importance_sampling_mode="
+                f"{args.vllm_importance_sampling_mode!r}). Set ratio_anchor='sampler' (verl's bypass mode) or "
+                "'decoupled' (AReaL) for a trust region against the sampler.",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
 
     def _importance_sampling_source(self) -> str | None:
         """Where the weight of TRL's importance-sampling correction between ``pi_old`` and the sampler is built:
@@ -652,7 +718,11 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
                 **forward_inputs,
             )
         truncation = sampling_truncation(
-            self.args.top_k, self.args.top_p, self.args.min_p, self.args.generation_kwargs
+            self.args.top_k,
+            self.args.top_p,
+            self.args.min_p,
+            self.args.generation_kwargs,
+            engine="vllm" if self.args.use_vllm else "generate",
         )
         return self._logps_on_sampling_support(
             model,
@@ -932,7 +1002,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         sampler = inputs.get("sampling_per_token_logps")
         # CISPO on an asynchronous batch takes its ratio against the sampler mu (the DPPO authors' bypass mode)
         denominator = old_per_token_logps
-        if sampler is not None and self._ratio_to_sampler():
+        if sampler is not None and self.args.ratio_anchor == "sampler":
             denominator = torch.where(torch.isnan(sampler), old_per_token_logps, sampler)
         per_token_loss = compute_policy_loss(
             args.policy_loss,
@@ -956,6 +1026,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             log_ratio = torch.nan_to_num(per_token_logps.detach() - sampler)
             stats["async/sampler_ratio/mean"] = log_ratio.exp()
             stats["async/sampler_ratio/abs_log_mean"] = log_ratio.abs()
+            # with the mean, the effective sample size of these weights: mean(w)^2 / mean(w^2)
+            stats["async/sampler_ratio/sq_mean"] = (2 * log_ratio).exp()
         if self.beta == 0.0 or args.kl_in_reward:
             return per_token_loss, None, stats
         per_token_kl = k3_kl(
@@ -970,12 +1042,6 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         if self.vllm_importance_sampling_mode == ICEPOP_MODE and "importance_sampling_ratio" in inputs:
             kl_term = kl_term * (inputs["importance_sampling_ratio"] > 0)  # IcePop: a masked token has no gradient
         return per_token_loss + kl_term, per_token_kl, stats
-
-    def _ratio_to_sampler(self) -> bool:
-        """A loss registered ``async_ratio_to_sampler`` (CISPO) on an asynchronous run: its ratio is ``pi / mu``."""
-        return self.async_rollouts is not None and bool(
-            POLICY_LOSSES.trait(self.args.policy_loss, "async_ratio_to_sampler")
-        )
 
     def _policy_forward(self, model, inputs):
         """The current policy's sampled-token log-probs, entropies, log-probs at the stored rollout top-K ids (only
@@ -1028,8 +1094,11 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
 
     def _uses_trl_is_ratio(self) -> bool:
         """Whether the loss uses TRL's vLLM importance-sampling ratio: not when its own ratio is taken against the
-        rollout engine or the sampler (DPPO, CISPO on an asynchronous batch: the mismatch would count twice)."""
-        return not (POLICY_LOSSES.trait(self.args.policy_loss, "ratio_to_rollout", False) or self._ratio_to_sampler())
+        rollout engine or the sampler (DPPO; ``ratio_anchor="sampler"``: the mismatch would count twice)."""
+        return not (
+            POLICY_LOSSES.trait(self.args.policy_loss, "ratio_to_rollout", False)
+            or getattr(self.args, "ratio_anchor", None) == "sampler"
+        )
 
     # ------------------------------------------------------------------ non-finite loss guard
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

@@ -1,0 +1,55 @@
+"""What a ratio-based objective takes its importance ratio against: the ratio's *anchor*.
+
+Every clipped, capped or gated objective weighs the current policy ``pi_theta`` against some earlier policy. Three
+anchors are in use, and they coincide only on a synchronous, on-policy batch:
+
+``"pi_old"``
+    ``rho = pi_theta / pi_old``, ``pi_old`` the weights that scored the batch (TRL's ``old_per_token_logps``), with
+    TRL's importance-sampling correction ``pi_old / mu`` (``vllm_importance_sampling_*``) multiplied on where the
+    batch was sampled by another engine or an earlier policy. This is ``GRPOTrainer``'s objective. With one
+    optimizer step per generation batch ``pi_old`` *is* the learner, so ``rho = 1`` and the clip never acts: on an
+    asynchronous batch only the correction bounds how far the update moves from the policy that sampled.
+``"sampler"``
+    ``rho = pi_theta / mu``, ``mu`` the sampler's own probability of the token (vLLM's log-probs, or those
+    ``generate`` sampled from on an asynchronous batch); no separate correction weight, so the mismatch is never
+    counted twice. The DPPO paper's GRPO baseline (arXiv 2602.04879, §5.2) and verl's "bypass mode"
+    (``old_log_prob = rollout_log_prob``): the trust region is taken against the policy that sampled.
+``"decoupled"``
+    AReaL's decoupled objective (arXiv 2505.24298, Eq. 5): the clip on ``rho = pi_theta / pi_prox``, ``pi_prox`` the
+    weights before this batch's first update (``pi_old`` here), times ``sg(min(pi_prox / mu, C))`` per token (TRL's
+    correction in its ``token_truncate`` mode, ``C = vllm_importance_sampling_clip_max``; AReaL's
+    ``behav_imp_weight_cap``). It differs from ``"sampler"`` only where one generation batch feeds several optimizer
+    steps (``steps_per_generation > 1`` or ``num_iterations > 1``): there the clip is against the proximal policy,
+    and the stale sampler only reweights.
+
+Which anchors an objective supports, and which it takes on an asynchronous run when ``ratio_anchor`` is left
+``None``, are traits of its registration (``anchors``, ``async_anchor`` in ``POLICY_LOSSES``). A synchronous run keeps
+TRL's ``"pi_old"`` unless the objective defines no other (DPPO's ratio and mask are the sampler's by definition).
+"""
+
+from __future__ import annotations
+
+#: Every anchor, in the order the docs list them.
+RATIO_ANCHORS = ("pi_old", "sampler", "decoupled")
+#: TRL's objective: the anchor a synchronous run takes by default.
+TRL_ANCHOR = "pi_old"
+#: The correction mode the decoupled anchor runs (AReaL's truncated per-token weight).
+DECOUPLED_CORRECTION_MODE = "token_truncate"
+
+
+def check_anchor(anchor: str, supported: tuple[str, ...], policy_loss: str, field_name: str = "ratio_anchor") -> None:
+    """Raise a ``ValueError`` naming ``field_name`` when ``anchor`` is unknown or ``policy_loss`` does not define it."""
+    if anchor not in RATIO_ANCHORS:
+        raise ValueError(f"Unknown {field_name} {anchor!r}. Allowed values: {', '.join(RATIO_ANCHORS)}, or None.")
+    if anchor not in supported:
+        raise ValueError(
+            f"{field_name}={anchor!r} is not defined for policy_loss={policy_loss!r}, whose ratio is taken against "
+            f"{' or '.join(repr(name) for name in supported)} by definition. Set {field_name}=None."
+        )
+
+
+def default_anchor(supported: tuple[str, ...], async_anchor: str | None, asynchronous: bool) -> str:
+    """The anchor a run takes when ``ratio_anchor`` is ``None``: the objective's ``async_anchor`` on an asynchronous
+    run, TRL's ``"pi_old"`` otherwise; an objective that does not define that anchor takes its first one."""
+    wanted = (async_anchor or TRL_ANCHOR) if asynchronous else TRL_ANCHOR
+    return wanted if wanted in supported else supported[0]
