@@ -49,6 +49,7 @@ RETURN_TYPES = {
     "numpy_int_scalars": lambda c: [np.int64(d) for d in _digits(c)],
     "numpy_bool_scalars": lambda c: [np.bool_(s > 0.5) for s in _score(c)],
     "torch_tensor": lambda c: torch.tensor(_score(c)),
+    "torch_score_head_n_by_1": lambda c: torch.tensor(_score(c))[:, None],  # a reward model's (n, 1) logits
     "tuple": lambda c: tuple(_score(c)),
     "generator": lambda c: (s for s in _score(c)),
 }

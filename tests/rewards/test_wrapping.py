@@ -106,7 +106,7 @@ def test_check_reward_columns_only_warns_for_a_single_all_nan_function(caplog):
 def test_check_reward_columns_only_warns_when_every_function_is_all_nan(caplog):
     with caplog.at_level(logging.WARNING, logger="trl_reasoning.rewards.wrapping"):
         check_reward_columns(t64([[NAN, NAN], [NAN, NAN]]), ["a", "b"])
-    assert "Every reward function (a, b)" in caplog.text
+    assert "No reward function (a, b) scored any completion of the batch" in caplog.text
 
 
 def test_check_reward_columns_only_warns_for_one_all_nan_function_among_several(caplog):
@@ -225,6 +225,11 @@ def test_wrong_number_of_rewards_raises_when_called_sync():
         (None, "'judge' returned NoneType"),
         ("1.0", "'judge' returned str"),
         (1.0, "'judge' returned float"),
+        # shapes TRL cannot take as one reward per completion (it takes 1-D and (n, 1) tensors, 1-D arrays)
+        (torch.ones(2, 2), r"'judge' returned a tensor of shape \(2, 2\); it must return one reward per completion"),
+        (torch.ones(1, 2), r"'judge' returned a tensor of shape \(1, 2\)"),
+        (torch.tensor(1.0), r"'judge' returned a tensor of shape \(\)"),
+        (np.ones((2, 1)), r"'judge' returned an array \(ndarray\) of shape \(2, 1\).*reshape\(-1\)"),
     ],
 )
 def test_non_numeric_outputs_name_the_function(output, message):

@@ -10,6 +10,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 
@@ -61,6 +62,14 @@ def non_binary_reward_functions(rewards_per_func: torch.Tensor, names: Sequence[
     return offenders
 
 
+#: Why a wrapped reward function's last call gave none of its completions a reward, by function name, when it is not
+#: the function's own ``None``: under ``on_reward_error="exclude"`` the call timed out, or was skipped because an
+#: earlier call is still running past ``reward_timeout``. Set by the wrapper, cleared by its next call that returns
+#: rewards, and read (then cleared) by :func:`check_reward_columns`, which the trainer calls right after the batch's
+#: reward calls, so that its warning says what happened instead of "returned None or NaN".
+_UNSCORED_CALLS: dict[str, str] = {}
+
+
 def check_reward_columns(rewards_per_func: torch.Tensor, names: Sequence[str]) -> None:
     """Report by name a reward function whose outputs for the whole batch are unusable.
 
@@ -68,9 +77,12 @@ def check_reward_columns(rewards_per_func: torch.Tensor, names: Sequence[str]) -
     Raises :class:`RewardFunctionError` if a function returned ``inf`` (TRL would turn it into NaN advantages and a NaN
     loss). A function that returns ``None``/``NaN`` for every completion is legal, as in TRL (a verifier that cannot
     parse any answer yet; multi-task routing): it is logged as a warning naming it, and completions no function
-    scored are unscorable (advantage 0), so such a batch trains nothing.
+    scored are unscorable (advantage 0), so such a batch trains nothing. A function that gave no reward because its
+    call timed out, or was skipped while an earlier call is still running past ``reward_timeout``, is reported as
+    such (``on_reward_error="exclude"``).
     """
     for column, name in zip(rewards_per_func.unbind(dim=1), names, strict=True):
+        reason = _UNSCORED_CALLS.pop(name, None)
         if torch.isinf(column).any():
             index = int(torch.isinf(column).nonzero()[0])
             raise RewardFunctionError(
@@ -79,14 +91,20 @@ def check_reward_columns(rewards_per_func: torch.Tensor, names: Sequence[str]) -
             )
         if torch.isnan(column).all():
             others = " Other reward functions still score the batch." if len(names) > 1 else ""
+            what = (
+                f"returned None or NaN for all {column.numel()} completions of the batch."
+                if reason is None
+                else f"{reason}: none of the {column.numel()} completions of the batch got its reward (counted in "
+                f"rewards/{name}/errors)."
+            )
             logger.warning(
-                f"Reward function '{name}' returned None or NaN for all {column.numel()} completions of the batch."
+                f"Reward function '{name}' {what}"
                 + (others or " Those completions are unscorable (advantage 0): this batch trains nothing.")
             )
     if len(names) > 1 and rewards_per_func.numel() and torch.isnan(rewards_per_func).all():
         logger.warning(
-            f"Every reward function ({', '.join(names)}) returned None or NaN for every completion of the batch: it "
-            "trains nothing."
+            f"No reward function ({', '.join(names)}) scored any completion of the batch (see the warnings above): "
+            "it trains nothing."
         )
 
 
@@ -115,11 +133,15 @@ class RewardTimeoutError(RewardFunctionError):
     """A reward function did not return within ``reward_timeout`` seconds."""
 
 
+class _StillRunningError(RewardTimeoutError):
+    """A sync reward function was not called because its earlier call is still running past ``reward_timeout``."""
+
+
 class _StuckCall:
     """The one call of a sync reward function that timed out and is still running in its helper thread.
 
     A thread cannot be stopped, so a function that hangs would leave one more thread behind at every call; instead,
-    while its timed-out call is still running the function is not called again (the call counts as timed out), so
+    while its timed-out call is still running the function is not called again (the call is skipped), so
     each reward function holds at most one stuck thread. When that call returns at last, the function is used again.
     """
 
@@ -141,8 +163,8 @@ class _StuckCall:
             logger.warning(
                 f"Reward function '{self.name}' is not called while its call that passed reward_timeout is still "
                 "running (a thread cannot be stopped, so one stuck call per function is the most kept): each call "
-                f"counts as timed out (on_reward_error='exclude': no reward, counted in rewards/{self.name}/errors) "
-                "until that call returns."
+                f"is skipped (on_reward_error='exclude': no reward, counted in rewards/{self.name}/errors) until "
+                "that call returns."
             )
         return True
 
@@ -154,9 +176,9 @@ def _call_in_thread(
     then raises :class:`RewardTimeoutError`; its thread cannot be stopped and is left running in the background, and
     recorded in ``stuck`` (if given), so that the function is not called again until it returns."""
     if stuck is not None and stuck.blocks():
-        raise RewardTimeoutError(
-            f"Reward function '{name}' did not return within reward_timeout={timeout} s (an earlier call is still "
-            "running; the function is not called again until it returns)"
+        raise _StillRunningError(
+            f"Reward function '{name}' was skipped because its previous call is still running past reward_timeout="
+            f"{timeout} s (a thread cannot be stopped; the function is called again once that call returns)"
         )
     outcome: dict = {}
     finished = threading.Event()
@@ -188,23 +210,42 @@ def _call_in_thread(
     return outcome["value"]
 
 
+def _check_shape(output, name: str) -> None:
+    """Raise naming ``name`` when ``output`` is a tensor or array whose shape TRL cannot take as one reward per
+    completion. TRL reads a tensor row by row and converts each row with ``torch.tensor``, which takes a one-element
+    tensor as its number: so a 1-D tensor, and a ``(n, 1)`` one (a reward model's score head) or ``(n, 1, 1)``, pass.
+    A numpy array's rows stay arrays there, so only a 1-D array passes."""
+    shape = getattr(output, "shape", None)
+    if shape is None:
+        return
+    shape = tuple(shape)
+    if torch.is_tensor(output):
+        fits = len(shape) >= 1 and math.prod(shape[1:]) == 1
+        kind, takes = "a tensor", "a 1-D tensor, an (n, 1) tensor (a reward model's score head) or a list"
+    else:
+        fits = len(shape) == 1
+        kind, takes = f"an array ({type(output).__name__})", "a 1-D array (reshape(-1) an (n, 1) one) or a list"
+    if not fits:
+        raise RewardFunctionError(
+            f"Reward function '{name}' returned {kind} of shape {shape}; it must return one reward per completion: "
+            f"{takes}."
+        )
+
+
 def _check_rewards(output, kwargs: dict, name: str):
     """The rewards of ``name``, accepted exactly when TRL's conversion accepts them (``None`` -> NaN, then
-    ``torch.tensor(rewards, dtype=float32)`` into one column): numbers of any numeric type, bools, numpy and 0-d
-    torch scalars, ``None``; returned as a list, tuple, numpy array, tensor or any other iterable (a one-shot
-    iterable is returned as the list it was read into)."""
+    ``torch.tensor(rewards, dtype=float32)`` into one column): numbers of any numeric type, bools, numpy scalars,
+    one-element torch tensors, ``None``; returned as a list, tuple, 1-D numpy array, a tensor with one value per
+    completion (1-D, or ``(n, 1)`` as a reward model's score head) or any other iterable (a one-shot iterable is
+    returned as the list it was read into)."""
     expected = len(kwargs["completions"]) if "completions" in kwargs else None
     if output is None or isinstance(output, (str, bytes, dict)) or not hasattr(output, "__iter__"):
         raise RewardFunctionError(
             f"Reward function '{name}' returned {type(output).__name__}; it must return a list with one float "
             "(or None) per completion."
         )
-    if torch.is_tensor(output) and output.dim() != 1:
-        raise RewardFunctionError(
-            f"Reward function '{name}' returned a tensor of shape {tuple(output.shape)}; it must return one "
-            "reward per completion (a 1-D tensor or a list)."
-        )
-    values = list(output)
+    _check_shape(output, name)
+    values = list(output.detach()) if torch.is_tensor(output) else list(output)
     if not hasattr(output, "__len__"):
         output = values  # a generator or another one-shot iterable is consumed here; TRL gets the list
     if expected is not None and len(values) != expected:
@@ -232,7 +273,7 @@ def _check_reward_values(values: list, name: str) -> None:
         if not ok:
             raise RewardFunctionError(
                 f"Reward function '{name}' returned {value!r} ({type(value).__name__}) for completion {index}; "
-                "rewards must be numbers (int, float, bool, numpy or 0-d torch scalars) or None."
+                "rewards must be numbers (int, float, bool, numpy scalars, one-element torch tensors) or None."
             )
 
 
@@ -272,6 +313,7 @@ class _RewardCallPolicy:
 
     def check(self, output, kwargs: dict):
         """The batch's rewards, checked as TRL will convert them."""
+        _UNSCORED_CALLS.pop(self.name, None)
         return _check_rewards(output, kwargs, self.name)
 
     def failure(self, error: Exception, kwargs: dict, index: int | None) -> RewardFunctionError:
@@ -322,8 +364,9 @@ class _RewardCallPolicy:
         return self.resolve(batch_error, kwargs, results)
 
     def timed_out(self, error: RewardTimeoutError, kwargs: dict) -> list:
-        """A call past ``timeout``: the error under ``"raise"``, no reward for any of its samples under
-        ``"exclude"``."""
+        """A call past ``timeout`` (or skipped while an earlier one still runs past it): the error under
+        ``"raise"``; under ``"exclude"`` no reward for any of its samples, and why recorded for
+        :func:`check_reward_columns`."""
         size = _batch_size(kwargs)
         if self.on_error == "raise" or size is None:
             raise RewardTimeoutError(
@@ -331,6 +374,12 @@ class _RewardCallPolicy:
                 "or set on_reward_error='exclude' to train on without those rewards."
             ) from None
         self.wrapper.error_count += size
+        _UNSCORED_CALLS[self.name] = (
+            f"was skipped because its previous call is still running past reward_timeout={self.timeout} s (it is "
+            "called again once that call returns)"
+            if isinstance(error, _StillRunningError)
+            else f"did not return within reward_timeout={self.timeout} s"
+        )
         return [None] * size
 
 
@@ -403,8 +452,8 @@ def wrap_reward_function(func: Callable, name: str, on_error: str = "raise", tim
     error: under ``"raise"`` a :class:`RewardTimeoutError` naming the function; under ``"exclude"`` every sample of
     the call gets ``None`` without sample-by-sample retries (each could cost a timeout), counted in ``error_count``.
     A sync function runs in a helper thread for that; a thread cannot be stopped, so while a call that timed out is
-    still running the function is not called again (each of its calls counts as timed out, with one warning naming
-    it): at most one stuck thread per function, and the function is used again once that call returns. An async one
+    still running the function is not called again (each of its calls is skipped and counts as an error, with one
+    warning naming it): at most one stuck thread per function, and the function is used again once that call returns. An async one
     runs under ``asyncio.wait_for``, which cancels it.
 
     The wrapper keeps ``__name__`` (TRL logs rewards under it) and stays a coroutine function when ``func`` is one,
