@@ -731,6 +731,29 @@ def _launch(launch_args: list[str], command: str, rest: list[str]) -> None:
     launch_command(arguments)
 
 
+def _train_usage() -> str:
+    """`trl-reasoning train --help` without a preset: how `train` is called and where each preset's fields are."""
+    return "\n".join(
+        [
+            "usage: trl-reasoning train --preset NAME [--config recipe.yaml] [--field value ...]",
+            "",
+            "The same as `trl-reasoning NAME ...`, with the preset as a flag (for scripts that loop over presets):",
+            "one recipe serves every preset.",
+            "",
+            "presets:",
+            *[f"  {name:<10} {trainer.__name__} ({config.__name__})" for name, (config, trainer) in TRAINERS.items()],
+            "",
+            "`trl-reasoning train --preset NAME --help` lists every field with that preset's defaults.",
+        ]
+    )
+
+
+def _wants_help(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` asks for help (``-h``/``--help``) before a ``--`` that ends the options."""
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    return any(arg in ("-h", "--help") for arg in options)
+
+
 def _preset_of_train(argv: list[str]) -> tuple[str, list[str]]:
     """`train --preset NAME ...` is `NAME ...`: the preset's subcommand with the other arguments."""
     for i, arg in enumerate(argv):
@@ -765,6 +788,9 @@ def run(argv: Sequence[str] | None = None) -> Any:
         return None
     command, rest = argv[0], argv[1:]
     if command == "train":
+        if _wants_help(rest) and not any(arg == "--preset" or arg.startswith("--preset=") for arg in rest):
+            print(_train_usage())
+            return None
         command, rest = _preset_of_train(rest)
     if command == "recipes":
         return recipes_command(rest)

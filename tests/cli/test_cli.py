@@ -222,6 +222,20 @@ def test_train_with_a_preset_is_the_presets_command(tmp_path):
     assert type(training_args).__name__ == "RLOOConfig"
 
 
+def test_train_help_without_a_preset_prints_its_usage_and_exits_0(capsys):
+    cli.main(["train", "--help"])  # returns: the console script exits 0 (it exited 1, "--preset is required")
+    out = capsys.readouterr().out
+    assert out.startswith("usage: trl-reasoning train --preset NAME [--config recipe.yaml]")
+    for name, (config, trainer) in cli.TRAINERS.items():
+        assert f"  {name:<10} {trainer.__name__} ({config.__name__})" in out
+    assert "`trl-reasoning train --preset NAME --help` lists every field" in out
+    cli.main(["train", "--config", "any.yaml", "-h"])
+    assert capsys.readouterr().out == out
+    with pytest.raises(SystemExit) as exit_info:  # with a preset: that preset's fields and defaults
+        cli.main(["train", "--preset", "dapo", "--help"])
+    assert exit_info.value.code == 0 and "--epsilon_high EPSILON_HIGH" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("old", "hint"),
     [
