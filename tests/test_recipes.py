@@ -3,6 +3,7 @@ the preset); accelerate configs load; the demo recipe runs."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -129,6 +130,16 @@ def test_recipes_readme_has_the_launch_commands():
         variant = f"-{path.stem.rsplit('-', 1)[-1]}.yaml"
         assert f"`{path.parent.name}/`" in readme and (path.name in readme or variant in readme), path
     assert "trl-reasoning demo" in readme and "trl-reasoning eval" in readme
+
+
+def test_every_recipe_file_the_recipes_name_exists():
+    """A recipe's header or recipes/README.md naming a recipe that is not shipped (as demo.yaml named a
+    recipes/demo-smollm2.yaml) sends readers nowhere."""
+    texts = {path: path.read_text() for path in [*RECIPES.glob("**/*.yaml"), RECIPES / "README.md"]}
+    named = {(path, ref) for path, text in texts.items() for ref in re.findall(r"recipes/[\w./-]+\.yaml", text)}
+    assert {ref for _, ref in named} >= {"recipes/demo.yaml", "recipes/arithmetic/smollm2-135m-cpu.yaml"}
+    missing = [f"{path.relative_to(ROOT)}: {ref}" for path, ref in sorted(named) if not (ROOT / ref).is_file()]
+    assert not missing, missing
 
 
 def test_demo_recipe_parses():
