@@ -6,8 +6,11 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import torch
+from conftest import cpu_args, digit_fraction, make_prompts
 from datasets import Dataset, IterableDataset
 
+import trl_reasoning as tr
 from trl_reasoning.trainer.prompt_lengths import ContextGuard, preview
 
 #: The question every conversational prompt ends with: naming a prompt by it would not tell the prompts apart.
@@ -18,11 +21,11 @@ def _text(prompt) -> str:
     return "\n".join(m["content"] for m in prompt) if isinstance(prompt, list) else prompt
 
 
-def _guard(drop: bool) -> ContextGuard:
+def _guard(drop: bool, max_completion_length: int = 20) -> ContextGuard:
     """A context of 120 tokens, 20 of them for the completion; one token per character of the rendered text."""
     return ContextGuard(
         limit=120,
-        max_completion_length=20,
+        max_completion_length=max_completion_length,
         render=lambda prompts: [_text(p) for p in prompts],
         count_tokens=lambda prompts: [len(_text(p)) for p in prompts],
         decode=lambda ids: "",
@@ -102,3 +105,32 @@ def test_the_preview_keeps_the_start_and_end_of_a_long_part_on_one_line():
     assert preview([{"role": "user", "content": "hi"}]) == "user message: 'hi'"
     multimodal = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what is it?"}]}]
     assert preview(multimodal) == "user message: 'what is it?'"
+
+
+#: What the error says when the completion alone fills the context (it said "at most -8 prompt tokens" and listed
+#: every prompt of the dataset).
+NO_ROOM = (
+    r"max_completion_length=(128|120) leaves no room for a prompt: the model's context is max_position_embeddings=120 "
+    r"tokens.*Set max_completion_length below 120"
+)
+
+
+@pytest.mark.parametrize("max_completion_length", [120, 128])
+@pytest.mark.parametrize("drop", [True, False], ids=["drop", "refuse"])
+def test_a_completion_that_fills_the_context_is_named_not_every_prompt(max_completion_length, drop):
+    guard = _guard(drop=drop, max_completion_length=max_completion_length)
+    rows = _rows(conversational=False)
+    for dataset in (Dataset.from_list(rows), IterableDataset.from_generator(lambda: iter(rows))):
+        with pytest.raises(ValueError, match=NO_ROOM) as raised:
+            guard.without_overlong(dataset, "train_dataset")
+        assert "#0" not in str(raised.value) and "-8" not in str(raised.value)  # no prompt list, no negative budget
+    with pytest.raises(ValueError, match=NO_ROOM):  # at generation too (environments, images)
+        guard.check_batch(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long))
+
+
+def test_a_trainer_whose_completion_fills_the_model_s_context_says_so(tiny_model_path, tmp_path):
+    args = tr.ReasoningConfig(**cpu_args(output_dir=str(tmp_path), max_completion_length=600))  # the model: 512
+    with pytest.raises(ValueError, match=r"max_completion_length=600 leaves no room .* max_position_embeddings=512"):
+        tr.ReasoningTrainer(
+            model=tiny_model_path, reward_funcs=digit_fraction, args=args, train_dataset=make_prompts()
+        )

@@ -166,6 +166,17 @@ class ContextGuard:
         self.decode = decode
         self.drop = drop
 
+    def check_room(self) -> None:
+        """A ``ValueError`` when ``max_completion_length`` alone fills the context: then no prompt can fit, and naming
+        each prompt against a budget of ``limit - max_completion_length <= 0`` prompt tokens would say nothing."""
+        if self.limit is not None and self.max_completion_length >= self.limit:
+            raise ValueError(
+                f"max_completion_length={self.max_completion_length} leaves no room for a prompt: the model's context "
+                f"is max_position_embeddings={self.limit} tokens, and a prompt and its completion must fit in it "
+                f"together. Set max_completion_length below {self.limit} (by at least your longest prompt's length), "
+                "or train a model with a longer context."
+            )
+
     def without_overlong(self, dataset, split: str):
         """``dataset`` without the prompts that cannot fit (``split`` names it in messages)."""
         from datasets import IterableDataset
@@ -174,6 +185,7 @@ class ContextGuard:
         streamed = isinstance(dataset, IterableDataset)
         if self.limit is None or dataset is None or (columns is None and not streamed):
             return dataset  # (a stream from a generator knows its columns only once read)
+        self.check_room()
         if columns is not None and "prompt" not in columns:
             return dataset
         budget = self.limit - self.max_completion_length
@@ -208,6 +220,7 @@ class ContextGuard:
     def check_batch(self, prompt_ids, prompt_mask) -> None:
         """A ``ValueError`` naming the longest prompt of a generation batch (left-padded ``prompt_ids`` and their
         ``prompt_mask``, as TRL lays them out) when it cannot fit with ``max_completion_length`` tokens."""
+        self.check_room()
         lengths = prompt_mask.sum(dim=1)
         longest_prompt = int(lengths.max().item()) if lengths.numel() else 0
         if self.limit is not None and longest_prompt + self.max_completion_length > self.limit:
