@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
+#: The repository's root: the recorded commands name paths relative to it.
+ROOT = Path(__file__).resolve().parents[1]
 #: In a section, what follows this line was written by hand (a reading of the table) and survives a rewrite.
 NOTES_MARKER = "<!-- notes: written by hand, kept when the script rewrites the table above -->"
 
@@ -30,6 +32,20 @@ def machine() -> str:
     )
 
 
+def recorded_command(argv: list[str]) -> str:
+    """``argv`` (a script and its arguments) as RESULTS.md records it: ``python <script>`` with the script and every
+    absolute path among the arguments (alone or as ``--flag=/path``) relative to the repository's root, so that a
+    recorded command names no folder of the machine that ran it (``--before /work/main`` from a checkout next to it
+    is ``--before ../main``)."""
+
+    def relative(argument: str) -> str:
+        flag, equals, value = argument.partition("=") if argument.startswith("-") else ("", "", argument)
+        return flag + equals + (os.path.relpath(value, ROOT) if os.path.isabs(value) else value)
+
+    script = os.path.relpath(os.path.abspath(argv[0]), ROOT)
+    return shlex.join(["python", script, *map(relative, argv[1:])])
+
+
 def record(section: str, table: str, command: str | None = None, path: Path = RESULTS) -> None:
     """Replace (or append) the ``## section`` of ``path`` with ``table`` and the command that produced it (by
     default this process's command line; under ``--summarize``, the command that made the runs). Notes below
@@ -39,7 +55,7 @@ def record(section: str, table: str, command: str | None = None, path: Path = RE
     old = pattern.search(text)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if command is None:
-        command = shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+        command = recorded_command(sys.argv)
         ran = old and re.search(r"^`(.+?)` — ", old.group(0), re.M)
         if "--summarize" in sys.argv[1:] and ran and "--summarize" not in ran.group(1):
             # Only the table was rebuilt: the command that made the runs is still the one a reader needs.

@@ -8,7 +8,10 @@ snapshots, sampled batches: tensors by their bytes, Python lists by ``sys.getsiz
 peak over the steps before the last k (the steady state), and over the last k (where the weights of the first batch
 after ``train()`` are kept); the checkpoint is written mid-run, at half the steps. Prints a markdown table. Usage:
 
-    python bench/async_memory.py [--before /work/main] [--steps 24] [--quick]
+    python bench/async_memory.py [--before ../main] [--steps 24] [--quick]
+
+``--before`` is another checkout, e.g. a worktree of the main branch next to this one: ``git worktree add ../main
+main``.
 """
 
 from __future__ import annotations
@@ -137,7 +140,7 @@ def kib(n: float) -> str:
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", default=None, help="a checkout of the code to compare with (e.g. /work/main)")
+    parser.add_argument("--before", default=None, help="a checkout of the code to compare with (e.g. ../main)")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--quick", action="store_true", help="this checkout only, 10 steps: checks the script runs")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 import sys
 
 import _common  # bench/ is on sys.path from tests/conftest.py
@@ -54,3 +56,23 @@ def test_summarize_without_matching_runs_names_the_recorded_keys(tmp_path):
     _common.require_recorded_runs(1, tmp_path / "runs.json", ["a/0/6"], ["a/0/4"])  # found: nothing raised
     with pytest.raises(SystemExit, match=r"runs\.json matches.*'a/0/6'.*recorded keys: a/0/4, a/1/4\..*RESULTS\.md"):
         _common.require_recorded_runs(0, tmp_path / "runs.json", ["a/0/6"], ["a/1/4", "a/0/4"])
+
+
+def test_the_recorded_command_names_paths_relative_to_the_repository(monkeypatch):
+    root = _results.ROOT
+    argv = [str(root / "bench" / "async_memory.py"), "--before", str(root.parent / "before"), "--steps", "8"]
+    argv += [f"--out={root / 'outputs' / 'memory'}", "runs/relative.json"]
+    assert _results.recorded_command(argv) == (
+        "python bench/async_memory.py --before ../before --steps 8 --out=outputs/memory runs/relative.json"
+    )
+    monkeypatch.chdir(root / "bench")  # run from bench/: still the script's path from the root
+    assert _results.recorded_command(["async_memory.py", "--quick"]) == "python bench/async_memory.py --quick"
+
+
+def test_no_recorded_command_names_a_folder_of_the_machine_that_ran_it():
+    commands = re.findall(r"^`(.+?)` — ", _results.RESULTS.read_text(), re.M)
+    assert len(commands) > 5  # the pattern finds the recorded commands, so the check below can fail
+    absolute = [
+        command for command in commands if any(word.split("=")[-1].startswith("/") for word in shlex.split(command))
+    ]
+    assert not absolute, absolute
