@@ -17,6 +17,10 @@ from .base import (
     warn_if_trl_unsupported,
 )
 
+# The first import of a trainer or a config (``import trl_reasoning`` imports neither) says so when the installed TRL
+# is not a version trl-reasoning supports.
+warn_if_trl_unsupported()
+
 __all__ = [
     "SUPPORTED_TRL",
     "TRL_CHECKED_VERSION",
