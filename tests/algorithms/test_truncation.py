@@ -76,6 +76,37 @@ def test_the_support_is_hf_generates(truncation):
     assert 1 < mask.sum(-1).float().mean() < 50, "the case does not truncate"
 
 
+def _vllm_support(probs: list[float], top_k: int, top_p: float, min_p: float) -> set[int]:
+    """vLLM's order, stated plainly: min-p on the whole distribution, then top-k, then the nucleus of what is left
+    (renormalised), the most likely tokens in order while the mass before each is < top_p."""
+    kept = {j for j, p in enumerate(probs) if p >= min_p * max(probs)} if min_p else set(range(len(probs)))
+    if top_k:
+        kept = set(sorted(kept, key=lambda j: -probs[j])[:top_k])
+    total, before, nucleus = sum(probs[j] for j in kept), 0.0, set()
+    for j in sorted(kept, key=lambda j: -probs[j]):
+        if before < top_p:
+            nucleus.add(j)
+        before += probs[j] / total
+    return nucleus
+
+
+def test_vllm_truncates_in_its_own_order():
+    """min-p then top-p (vLLM) keeps another support than top-p then min-p (generate): here 2 tokens against 3."""
+    z = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    generate = support_mask(z, SamplingTruncation(top_p=0.75, min_p=0.3))
+    vllm = support_mask(z, SamplingTruncation(top_p=0.75, min_p=0.3, engine="vllm"))
+    assert generate.tolist() == [[True, True, True, False]] and vllm.tolist() == [[True, True, False, False]]
+    assert sampling_truncation(0, 0.75, 0.3, engine="vllm").engine == "vllm"
+    with pytest.raises(ValueError, match="engine"):
+        SamplingTruncation(engine="sglang")
+    torch.manual_seed(1)
+    z = torch.randn(200, 30) * 2.0
+    truncation = SamplingTruncation(top_k=12, top_p=0.8, min_p=0.08, engine="vllm")
+    mask = support_mask(z, truncation)
+    for row, kept in zip(z.double().softmax(-1).tolist(), mask.tolist(), strict=True):
+        assert {j for j, keep in enumerate(kept) if keep} == _vllm_support(row, 12, 0.8, 0.08)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Independent float64 reference: each position's distribution as a Python list
 # ---------------------------------------------------------------------------------------------------------------------

@@ -196,3 +196,21 @@ def test_asynchronous_rollouts_sync_the_engine_with_the_behaviour_weights(vllm_s
     for name, before in start.items():
         assert torch.equal(seen[0][name], before) and torch.equal(seen[1][name], before)
     assert any(not torch.equal(seen[2][name], start[name]) for name in start)
+
+
+def test_a_synchronous_vllm_run_with_a_setting_it_cannot_repeat_keeps_trl_s_behaviour_and_warns_once(
+    vllm_standin, tiny_model_path, tmp_path
+):
+    """TRL accepts a repetition penalty on its vLLM path: so does this package, and says once that the sampler's
+    log-probabilities then carry a processor the policy's do not (tests/async_rollouts/test_sampler_settings.py)."""
+    args = tr.ReasoningConfig(
+        **cpu_args(output_dir=str(tmp_path), use_vllm=True, vllm_mode="colocate", repetition_penalty=1.3, max_steps=1)
+    )
+    with pytest.warns(
+        UserWarning, match=r"sampler's log-probabilities enter the loss.*repetition_penalty=1.3"
+    ) as caught:
+        trainer = tr.ReasoningTrainer(
+            model=tiny_model_path, reward_funcs=digit_fraction, args=args, train_dataset=make_prompts()
+        )
+    assert sum("repetition_penalty=1.3" in str(w.message) for w in caught) == 1
+    assert trainer.async_rollouts is None

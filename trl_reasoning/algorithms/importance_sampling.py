@@ -35,7 +35,8 @@ TRL_IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_trunc
 GEOMETRIC_MODES = ("sequence_geo_truncate", "sequence_geo_mask")
 ICEPOP_MODE = "token_icepop"
 IMPORTANCE_SAMPLING_MODES = TRL_IMPORTANCE_SAMPLING_MODES + GEOMETRIC_MODES + (ICEPOP_MODE,)
-#: The IcePop band ``[alpha, beta]`` given for the Ring-1T report (arXiv 2510.18855), for ``token_icepop``.
+#: The IcePop band ``[alpha, beta]`` of the Ring-1T report (arXiv 2510.18855): ``token_icepop``'s bounds when the
+#: config leaves TRL's defaults (``ReasoningConfig._resolve_icepop_band``).
 ICEPOP_BAND = (0.5, 5.0)
 
 
@@ -86,9 +87,10 @@ def correction_weight(
       mean is length-normalised (verl's Geo-RS rejection sampling, "geo_mask"; NeMo-RL's geometric-mean sequence IS).
     - ``token_icepop``: IcePop (Ling Team, "Every Step Evolves: Scaling Reinforcement Learning for Trillion-Scale
       Thinking Model", arXiv 2510.18855, the Ring-1T report): ``M(rho_t) = rho_t`` inside ``[alpha, beta]`` and 0
-      outside, with the band ``[alpha, beta] = [0.5, 5]`` given for IcePop (:data:`ICEPOP_BAND`; not re-read in the
-      report's text here) set through ``clip_min`` and ``clip_max``. The weight equals ``token_mask``'s; the trainer also removes the masked tokens from every other
-      gradient term (the KL penalty), so that such a token contributes no gradient at all, as in IcePop.
+      outside, ``[alpha, beta]`` set through ``clip_min`` and ``clip_max``; ``ReasoningConfig`` gives a bound left at
+      TRL's default IcePop's band ``[0.5, 5]`` (:data:`ICEPOP_BAND`, the values the Ring-1T report gives). The weight
+      equals ``token_mask``'s; the trainer also removes the masked tokens from every other gradient term (the KL
+      penalty), so that such a token contributes no gradient at all, as in IcePop.
     """
     check_mode(mode)
     mask = mask.to(old_logps.dtype)
