@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -385,8 +386,9 @@ def _sampled_batches(trainer) -> list:
         dict(policy_loss="cispo", epsilon_high=5.0),
         dict(policy_loss="dppo"),
         dict(policy_loss="clip", dynamic_sampling=True, max_num_gen_batches=3),
-        # TRL's sampling settings reach the worker through the trainer's generation config
-        dict(top_k=20, top_p=0.9, min_p=0.02, repetition_penalty=1.3, generation_kwargs={"no_repeat_ngram_size": 3}),
+        # TRL's sampling settings reach the worker through the trainer's generation config (a repetition penalty or
+        # an n-gram ban would be refused: the trainer does not repeat them when it scores the policy)
+        dict(temperature=0.8, top_k=20, top_p=0.9, min_p=0.02, generation_kwargs={"repetition_penalty": 1.0}),
     ],
     ids=["clip", "cispo", "dppo", "dynamic-sampling", "trl-sampling-settings"],
 )
@@ -623,3 +625,27 @@ def test_packed_weights_travel_as_one_shared_block_per_dtype():
     assert set(back) == set(weights)
     for name, tensor in weights.items():
         assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(async_generator="inline"),  # samples ahead in the training process
+        dict(async_generator="inline", dynamic_sampling=True, max_num_gen_batches=2),  # keeps weight snapshots
+        dict(async_generator="process"),
+    ],
+    ids=["inline", "inline-snapshots", "process"],
+)
+def test_a_second_train_is_a_fresh_run_of_the_same_trainer(settings, tiny_model_path, tmp_path):
+    """Notebooks call ``train()`` again: the second run starts at generation step 0 with the weights the first left,
+    its lag grows to ``k`` again, it samples ahead again and warns of nothing (it once restarted every step)."""
+    trainer = _trainer(tiny_model_path, tmp_path, max_staleness=2, max_steps=4, **settings)
+    trainer.train()
+    first = logged_metric(trainer, "async/staleness")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        trainer.train()
+    assert first == logged_metric(trainer, "async/staleness") == [0, 1, 2, 2]
+    assert trainer.behaviour.generation_steps == 4
+    losses = logged_metric(trainer, "loss")
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)

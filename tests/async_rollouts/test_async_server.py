@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -184,11 +185,12 @@ def _ahead_requests(trainer) -> list[dict]:
     ("config_cls", "trainer_cls", "overrides"),
     [
         (tr.ReasoningConfig, tr.ReasoningTrainer, dict(policy_loss="clip")),
+        (tr.ReasoningConfig, tr.ReasoningTrainer, dict(policy_loss="clip", ratio_anchor="pi_old")),
         (tr.CISPOConfig, tr.CISPOTrainer, dict(dynamic_sampling=False)),  # extra rounds: the next test
         (tr.DPPOConfig, tr.DPPOTrainer, {}),
         (tr.DAPOConfig, tr.DAPOTrainer, dict(dynamic_sampling=False)),
     ],
-    ids=["clip", "cispo", "dppo", "dapo"],
+    ids=["clip", "clip-on-pi_old", "cispo", "dppo", "dapo"],
 )
 def test_each_batch_is_sampled_ahead_by_the_weights_of_k_steps_earlier(
     config_cls, trainer_cls, overrides, server_standin, tiny_model_path, tmp_path
@@ -211,8 +213,9 @@ def test_each_batch_is_sampled_ahead_by_the_weights_of_k_steps_earlier(
     assert server.pushes_during_requests == 0
     assert logged_metric(trainer, "async/staleness") == [float(min(g, k)) for g in range(steps)]
     assert all(torch.isfinite(torch.tensor(logged_metric(trainer, "loss"))))
-    if trainer.args.policy_loss in ("cispo", "dppo"):  # their ratio is against the server's log-probs
+    if trainer.args.ratio_anchor == "sampler":  # the asynchronous default: the ratio is against the server's
         assert logged_metric(trainer, "async/sampler_ratio/mean"), "the ratio to the sampler was not logged"
+        assert not logged_metric(trainer, "sampling/importance_sampling_ratio/mean"), "a second correction ran"
     else:
         assert logged_metric(trainer, "sampling/importance_sampling_ratio/mean"), "TRL's IS correction did not run"
     assert trainer.pipeline._generator is None, "the request thread outlived train()"
@@ -486,3 +489,21 @@ def test_a_run_pushes_each_behaviour_version_once(server_standin, tiny_model_pat
     trainer.train()
     assert pushes == [timeline.weights[0], timeline.weights[1]]
     assert [r["weights"] for r in _ahead_requests(trainer)] == [timeline.weights[max(g - 2, 0)] for g in range(4)]
+
+
+def test_a_second_train_samples_ahead_again_as_a_fresh_run(server_standin, tiny_model_path, tmp_path):
+    """A notebook's second ``train()``: the batches are sent ahead again (one request per batch from the background
+    thread, the lag growing to k), no restart warnings, and the server gets the current weights first."""
+    trainer = _trainer(tiny_model_path, tmp_path, max_staleness=2, max_steps=4)
+    trainer.train()
+    sent_before = len(_ahead_requests(trainer))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        timeline = Timeline(trainer)
+        trainer.add_callback(timeline)
+        trainer.train()
+    requests = _ahead_requests(trainer)[sent_before:]
+    assert len(requests) == 4
+    assert [r["weights"] for r in requests] == [timeline.weights[max(g - 2, 0)] for g in range(4)]
+    assert logged_metric(trainer, "async/staleness") == [0.0, 1.0, 2.0, 2.0]
+    assert trainer.vllm_generation.vllm_client.pushes_during_requests == 0

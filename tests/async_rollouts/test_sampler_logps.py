@@ -128,6 +128,7 @@ def test_at_lag_0_the_ratio_on_the_truncated_support_is_exactly_1(pi_old_from_lo
         tmp_path,
         vllm_importance_sampling_mode="token_truncate",
         importance_sampling_pi_old_from_loss=pi_old_from_loss,
+        ratio_anchor="pi_old",  # TRL's correction between pi_old and mu is what this checks
     )
     assert trainer.args.truncated_support_scoring is True, "None did not resolve to on for a truncating sampler"
     inputs = generate_batch(trainer)

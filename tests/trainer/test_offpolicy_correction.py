@@ -217,6 +217,7 @@ def test_asynchronous_run_equals_trls_forward(tiny_model_path, tmp_path):
                 vllm_importance_sampling_clip_min=0.9,
                 vllm_importance_sampling_clip_max=1.1,
                 importance_sampling_pi_old_from_loss=from_loss,
+                ratio_anchor="pi_old",  # TRL's correction between pi_old and mu is what this compares
             )
         )
         trainer = tr.DAPOTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=args, train_dataset=dataset)

@@ -174,6 +174,11 @@ class BehaviourWeights:
         self._snapshots = {step: weights for step, weights in self._snapshots.items() if step == first_step}
         self.first_step = first_step
 
+    def reset(self) -> None:
+        """Back to a fresh run's state: no generation step yet, no snapshot (a ``train()`` that does not resume)."""
+        self._snapshots = {}
+        self.generation_steps = self.first_step = 0
+
     def release(self, step: int) -> None:
         """Drop the snapshot of generation ``step`` (no batch is left to sample with it)."""
         self._snapshots.pop(step, None)
@@ -888,6 +893,16 @@ class AsyncRollouts:
         )
 
     # --------------------------------------------------------------------------------------- at a generation step
+    def start_fresh(self) -> None:
+        """A ``train()`` that does not resume starts as a fresh run of this trainer (TRL's semantics of a second
+        ``train()``: the trainer state starts over, the weights are the model's now): generation step 0, sampled by the
+        current weights, the lag growing to ``k`` again. Without this, a second ``train()`` carried the first one's
+        generation-step counter into a run whose step counter starts at 0, and restarted the pipeline every step."""
+        if self.pipeline is not None:
+            self.pipeline.close()
+        self.behaviour.reset()
+        self.generation_round = 0
+
     def begin_generation_step(self, inputs: list[dict]) -> None:
         """Record the weights of this generation step (a later batch's behaviour policy) and send the batches whose
         behaviour weights now exist to the generator that samples ahead: this step's own batch (``inputs``) first,

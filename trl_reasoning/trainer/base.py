@@ -879,6 +879,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             if folder is None:
                 raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
             resume_from_checkpoint = str(folder)
+        if getattr(self, "async_rollouts", None) is not None:
+            self.async_rollouts.start_fresh()  # a resumed run then restores the checkpoint's pipeline over it
         try:
             return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
