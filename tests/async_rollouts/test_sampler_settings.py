@@ -168,3 +168,24 @@ def test_at_lag_0_the_repeated_processors_give_a_ratio_of_one(tiny_model_path, t
     trainer.train()
     ratio = torch.tensor(logged_metric(trainer, "async/sampler_ratio/mean"))
     torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-4, rtol=0)
+
+
+def test_the_logged_entropy_keeps_trl_s_meaning_under_truncated_support_scoring(tiny_model_path, tmp_path):
+    """The policy scored on the sampler's truncated support (asynchronous, top_p < 1) logs the entropy of its whole
+    distribution, as the synchronous run and GRPOTrainer do: switching sync -> async must not change the curve 3x."""
+    entropies = {}
+    for name, settings in {
+        "sync": dict(async_rollouts=False),
+        "k0": dict(async_rollouts=True, max_staleness=0),
+    }.items():
+        torch.manual_seed(0)
+        args = tr.ReasoningConfig(
+            **cpu_args(output_dir=str(tmp_path / name), max_steps=1, top_p=0.8, top_k=5, **settings)
+        )
+        trainer = tr.ReasoningTrainer(
+            model=tiny_model_path, reward_funcs=digit_fraction, args=args, train_dataset=make_prompts()
+        )
+        assert trainer.args.truncated_support_scoring is (name == "k0")
+        trainer.train()
+        entropies[name] = logged_metric(trainer, "entropy")
+    torch.testing.assert_close(torch.tensor(entropies["k0"]), torch.tensor(entropies["sync"]), atol=1e-4, rtol=1e-4)

@@ -246,3 +246,31 @@ def test_token_icepop_s_band_reaches_the_trainer_s_correction(tiny_model_path, t
     stats = trainer._correction_stats["train"]
     assert (stats.clip_min, stats.clip_max) == (0.5, 5.0)
     assert (trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max) == (0.5, 5.0)
+
+
+@pytest.mark.parametrize(
+    ("config_cls", "trainer_cls"),
+    [(tr.CISPOConfig, tr.CISPOTrainer), (tr.DPPOConfig, tr.DPPOTrainer), (tr.ScaleRLConfig, tr.ScaleRLTrainer)],
+    ids=["cispo", "dppo", "scalerl"],
+)
+def test_a_correction_mode_the_sampler_s_ratio_makes_moot_is_named_once(
+    config_cls, trainer_cls, tiny_model_path, tmp_path
+):
+    from trl import GRPOConfig
+
+    from trl_reasoning.algorithms.importance_sampling import TRL_DEFAULT_CORRECTION_MODE
+
+    assert GRPOConfig.__dataclass_fields__["vllm_importance_sampling_mode"].default == TRL_DEFAULT_CORRECTION_MODE
+    with pytest.warns(UserWarning, match=r"vllm_importance_sampling_mode='token_mask' is not applied") as caught:
+        _trainer(
+            tiny_model_path,
+            tmp_path / "set",
+            config_cls,
+            trainer_cls,
+            async_rollouts=True,
+            vllm_importance_sampling_mode="token_mask",
+        )
+    assert sum("is not applied" in str(w.message) for w in caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _trainer(tiny_model_path, tmp_path / "default", config_cls, trainer_cls, async_rollouts=True)

@@ -31,6 +31,8 @@ import torch
 
 #: TRL 1.16's ``vllm_importance_sampling_mode`` values (``GRPOTrainer._generate_and_score_completions``).
 TRL_IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+#: TRL 1.16's default ``vllm_importance_sampling_mode`` (``GRPOConfig``).
+TRL_DEFAULT_CORRECTION_MODE = "sequence_mask"
 #: The modes this package adds (see :func:`correction_weight`).
 GEOMETRIC_MODES = ("sequence_geo_truncate", "sequence_geo_mask")
 ICEPOP_MODE = "token_icepop"

@@ -318,6 +318,21 @@ def _gather_forward(
     return gathered, entropy, lse
 
 
+def _full_entropy(z: torch.Tensor) -> torch.Tensor:
+    """The entropy of ``softmax(z)`` over the whole vocabulary (TRL's ``entropy_from_logits``), one chunk."""
+    lse = torch.logsumexp(z, dim=-1, keepdim=True)
+    return lse.squeeze(-1) - ((z - lse).exp() * z).sum(-1)
+
+
+def _gathered_chunk(z: torch.Tensor, index: torch.Tensor, truncation: SamplingTruncation | None):
+    """:func:`_gather_forward` of one chunk's tempered logits ``z`` on the sampler's support, with the entropy of the
+    whole distribution (TRL's meaning of the logged ``entropy``, whatever the truncation: the truncated
+    distribution's is several times smaller and would change the curve when a run switches to a truncated ratio)."""
+    entropy = _full_entropy(z) if truncation is not None else None
+    gathered, support_entropy, lse = _gather_forward(_on_support(z, index, truncation), index, truncation is not None)
+    return gathered, support_entropy if entropy is None else entropy, lse
+
+
 def _on_support(z: torch.Tensor, index: torch.Tensor, truncation: SamplingTruncation | None) -> torch.Tensor:
     """``z`` restricted to the sampler's support (``-inf`` outside), the sampled token (``index[..., 0]``) kept in it
     (``trl_reasoning.algorithms.truncation``); ``z`` itself without truncation. In place: ``z`` is a fresh chunk."""
@@ -348,8 +363,8 @@ class _GatherLogProbsFromLogits(torch.autograd.Function):
         entropy = torch.empty(batch, length, dtype=dtype, device=logits.device)
         lse = torch.empty(batch, length, dtype=dtype, device=logits.device)
         for bs, ts in _chunks(batch, length, chunk_size):
-            z = _on_support(logits[bs, ts].to(dtype) / temperature, index[bs, ts], truncation)
-            out[bs, ts], entropy[bs, ts], lse[bs, ts] = _gather_forward(z, index[bs, ts], truncation is not None)
+            z = logits[bs, ts].to(dtype) / temperature
+            out[bs, ts], entropy[bs, ts], lse[bs, ts] = _gathered_chunk(z, index[bs, ts], truncation)
         ctx.save_for_backward(logits, index, lse)
         ctx.temperature, ctx.chunk_size, ctx.truncation = temperature, chunk_size, truncation
         ctx.mark_non_differentiable(entropy)
@@ -389,8 +404,7 @@ class _GatherLogProbsFromHidden(torch.autograd.Function):
         lse = torch.empty(batch, length, dtype=dtype, device=hidden.device)
         for bs, ts in _chunks(batch, length, chunk_size):
             z, _ = _lm_head_logits(hidden[bs, ts], weight, bias, dtype, logit_scale, softcap, temperature)
-            z = _on_support(z, index[bs, ts], truncation)
-            out[bs, ts], entropy[bs, ts], lse[bs, ts] = _gather_forward(z, index[bs, ts], truncation is not None)
+            out[bs, ts], entropy[bs, ts], lse[bs, ts] = _gathered_chunk(z, index[bs, ts], truncation)
         ctx.save_for_backward(hidden, weight, bias, index, lse)
         ctx.args = (temperature, logit_scale, softcap, chunk_size, truncation)
         ctx.mark_non_differentiable(entropy)
@@ -476,9 +490,10 @@ def chunked_logps(
         topk_ids: ``[B, T, K]`` ids stored by :func:`rollout_topk`, or ``None`` to skip them.
         temperature: the sampling temperature (logits are divided by it, as TRL does).
         chunk_size: positions per chunk.
-        truncation: the sampler's top-k / top-p / min-p: the log-probs and the entropy are then those of the
-            truncated, renormalised distribution (``trl_reasoning.algorithms.truncation``: each position's own support, the
-            sampled token kept in it), the gradient zero outside the support. Not with ``topk_ids``.
+        truncation: the sampler's top-k / top-p / min-p: the log-probs are then those of the truncated,
+            renormalised distribution (``trl_reasoning.algorithms.truncation``: each position's own support, the
+            sampled token kept in it), the gradient zero outside the support; the entropy stays the whole
+            distribution's (TRL's logged ``entropy``). Not with ``topk_ids``.
 
     Returns:
         ``(logps [B, T], entropy [B, T], topk_logps [B, T, K] or None)``, float32 (float64 for float64 logits).

@@ -55,6 +55,7 @@ from ..algorithms.batch import TrainBatch
 from ..algorithms.group_selection import RetiredPrompts
 from ..algorithms.importance_sampling import (
     ICEPOP_MODE,
+    TRL_DEFAULT_CORRECTION_MODE,
     TRL_IMPORTANCE_SAMPLING_MODES,
     CorrectionStats,
     correction_weight,
@@ -396,6 +397,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self.behaviour = self.async_rollouts and self.async_rollouts.behaviour
         self.pipeline = self.async_rollouts and self.async_rollouts.pipeline
         self._resolve_ratio_anchor()
+        self._warn_if_correction_mode_ignored()
         # The vLLM / asynchronous importance-sampling correction: who builds its weight, and its metrics of the
         # generation batch being trained on (accumulated over the micro-batches when the loss builds it).
         self._correction_source = self._importance_sampling_source()
@@ -470,6 +472,23 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
                 UserWarning,
                 stacklevel=user_stacklevel(),
             )
+
+    def _warn_if_correction_mode_ignored(self) -> None:
+        """A ``vllm_importance_sampling_mode`` set away from TRL's default on a run whose loss takes its ratio against
+        the sampler (DPPO, ``ratio_anchor="sampler"``): the mode is not applied (the mismatch would count twice), and
+        a setting the user chose is never dropped without a word."""
+        mode = self.args.vllm_importance_sampling_mode
+        reads_mu = self.use_vllm or self.async_rollouts is not None
+        if not reads_mu or self._uses_trl_is_ratio() or mode == TRL_DEFAULT_CORRECTION_MODE:
+            return
+        warnings.warn(
+            f"vllm_importance_sampling_mode={mode!r} is not applied: policy_loss={self.args.policy_loss!r} takes its "
+            "ratio against the sampler itself (ratio_anchor='sampler'), so TRL's correction of pi_old / mu would "
+            "count the mismatch twice. Set ratio_anchor='pi_old' (or 'decoupled') to train with that correction, or "
+            "drop vllm_importance_sampling_mode.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
 
     def _importance_sampling_source(self) -> str | None:
         """Where the weight of TRL's importance-sampling correction between ``pi_old`` and the sampler is built:
