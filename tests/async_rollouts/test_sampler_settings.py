@@ -189,3 +189,21 @@ def test_the_logged_entropy_keeps_trl_s_meaning_under_truncated_support_scoring(
         trainer.train()
         entropies[name] = logged_metric(trainer, "entropy")
     torch.testing.assert_close(torch.tensor(entropies["k0"]), torch.tensor(entropies["sync"]), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("generation_kwargs", [{"num_beams": 2}, {"num_beams": 2, "num_return_sequences": 1}])
+def test_beam_search_trains_on_scalerl_s_defaults_as_trl_trains_it(generation_kwargs, tiny_model_path, tmp_path):
+    """TRL's ``test_train_with_generation_kwargs`` on ScaleRL (asynchronous by default): beam search keeps the likeliest
+    sequences instead of sampling them, so there is no sampler distribution to weigh by; ScaleRL's ``None`` trains it
+    synchronously, as GRPOTrainer does, and says why; ``async_rollouts=True`` is refused naming ``num_beams``."""
+    settings = cpu_args(output_dir=str(tmp_path), generation_kwargs=generation_kwargs, max_steps=2)
+    with pytest.raises(ValueError, match=r"num_beams=2 \(beam search.*async_rollouts=False"):
+        tr.ScaleRLConfig(**{**settings, "async_rollouts": True})
+    args = tr.ScaleRLConfig(**settings)
+    with pytest.warns(UserWarning, match=r"async_rollouts=None.*synchronously.*num_beams=2"):
+        trainer = tr.ScaleRLTrainer(
+            model=tiny_model_path, reward_funcs=digit_fraction, args=args, train_dataset=make_prompts()
+        )
+    trainer.train()
+    assert trainer.async_rollouts is None
+    assert all(math.isfinite(loss) for loss in logged_metric(trainer, "loss"))

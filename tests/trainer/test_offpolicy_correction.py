@@ -303,3 +303,28 @@ def test_unknown_mode_is_an_error_naming_the_field_and_the_modes(tmp_path):
             vllm_importance_sampling_mode="sequence_geo_truncate",
             vllm_importance_sampling_clip_max=None,
         )
+
+
+def test_verl_s_bypass_mode_on_the_synchronous_vllm_path(noisy_vllm, tiny_model_path, tmp_path):
+    """ratio_anchor='sampler' on a synchronous vLLM run (verl's bypass mode): the clip is on pi_theta / mu with the
+    engine's own log-probs, TRL builds no correction, and the clip acts where the engine's numerics differ; the
+    default keeps TRL's objective (checked equal to GRPOTrainer above)."""
+    assert tr.ReasoningConfig(**vllm_settings(tmp_path, "default")).ratio_anchor == "pi_old"
+    args = tr.ReasoningConfig(**vllm_settings(tmp_path, "bypass", ratio_anchor="sampler", max_steps=1))
+    trainer = tr.ReasoningTrainer(
+        model=tiny_model_path, reward_funcs=digit_fraction, args=args, train_dataset=make_prompts()
+    )
+    assert trainer._correction_source is None
+    inputs = generate_batch(trainer)
+    assert "importance_sampling_ratio" not in inputs
+    mask = inputs["completion_mask"].float()
+    mu = inputs["sampling_per_token_logps"]
+    with torch.no_grad():
+        logps = trainer.behaviour_logps(inputs)
+    per_token, _, stats = trainer._per_token_objective(inputs, logps.clone().requires_grad_(), None, mask, None)
+    ratio = torch.exp(logps.double() - mu.double())
+    adv = inputs["advantages"].double().unsqueeze(1)
+    want = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.28) * adv)
+    torch.testing.assert_close((per_token * mask).double(), want * mask, atol=1e-6, rtol=1e-6)
+    acted = (stats["clip_ratio/low_mean"] | stats["clip_ratio/high_mean"]) & mask.bool()
+    assert acted.any(), "the noisy engine's ratios never left the clip's range: the check is vacuous"
