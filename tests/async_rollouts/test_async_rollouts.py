@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -475,28 +476,40 @@ def test_the_worker_samples_with_the_trainers_generation_config_and_a_kv_cache(t
     assert output.past_key_values is not None, "the worker generates without a KV cache"
 
 
-def _stop_worker_at(trainer, step: int, how: str):
+def _stop_worker_at(trainer, step: int, how: str) -> list:
+    """Kill or stop the worker at the end of optimizer ``step``; returns the list its process and the time it was
+    signalled are put in."""
+    signalled: list = []
+
     class Stop(StopAt):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == self.step:
                 process = trainer.pipeline.generator._process
-                os.kill(process.pid, {"kill": 9, "hang": 19}[how])  # SIGKILL, SIGSTOP
+                os.kill(process.pid, {"kill": 9, "stop": 19}[how])  # SIGKILL, SIGSTOP
+                signalled.extend([process, time.monotonic()])
 
     trainer.add_callback(Stop(step))
+    return signalled
 
 
-@pytest.mark.parametrize("how", ["kill", "hang"])
+@pytest.mark.parametrize("how", ["kill", "stop"])
 def test_a_worker_that_dies_or_hangs_is_a_clear_error(how, tiny_model_path, tmp_path):
+    """A stopped worker (SIGSTOP) neither answers nor dies: the wait says so within seconds, not at async_timeout
+    (600 s by default) with "raise async_timeout", and train() closing the generator kills it rather than waiting
+    10 s for it to finish its job."""
     from trl_reasoning.async_rollouts.process_generator import GeneratorError
 
     trainer = _trainer(
-        tiny_model_path, tmp_path, max_steps=6, max_staleness=1, async_generator="process", async_timeout=5.0
+        tiny_model_path, tmp_path, max_steps=6, max_staleness=1, async_generator="process", async_timeout=60.0
     )
-    _stop_worker_at(trainer, 1, how)
-    match = "died" if how == "kill" else r"generation step \d+ within 5 s \(async_timeout=5\)"
+    signalled = _stop_worker_at(trainer, 1, how)
+    match = "died" if how == "kill" else r"The generator worker \(pid \d+\) is stopped \(SIGSTOP.*kill -STOP \d+"
     try:
         with pytest.raises(GeneratorError, match=match):
             trainer.train()
+        process, signalled_at = signalled
+        assert time.monotonic() - signalled_at < 10, "the worker was waited for (train() closes it before raising)"
+        assert not process.is_alive(), "the stopped worker was left behind"
     finally:
         trainer.pipeline.close()
 

@@ -69,10 +69,40 @@ class SamplingSettings:
 
 #: Seconds a new worker may take to import torch and build its model (at least; ``async_timeout`` if longer).
 STARTUP_TIMEOUT = 300.0
+#: Seconds between two checks, while the trainer waits, that the worker lives and runs.
+POLL_SECONDS = 0.5
+#: Seconds a worker must be seen stopped before a wait reports it: a job suspended and resumed whole (the trainer and
+#: its worker stopped, then continued by one signal to their group) may show the worker stopped for an instant longer.
+STOPPED_GRACE_SECONDS = 2.0
 
 
 class GeneratorError(RuntimeError):
     """The generator process failed, died or did not answer in time."""
+
+
+def process_state(pid: int) -> str | None:
+    """How the kernel sees process ``pid``: ``"stopped"`` (by a signal: SIGSTOP, or SIGTSTP, SIGTTIN, SIGTTOU of job
+    control), ``"traced"`` (held by a debugger or tracer), ``"zombie"`` (exited, not reaped yet), ``"running"`` (running
+    or sleeping: anything else), or ``None`` where that cannot be read (no such process; neither ``/proc`` nor psutil).
+
+    A stopped worker neither answers nor dies: without this a wait learns of it only at ``async_timeout`` (600 s by
+    default) and blames slow generation. ``/proc/<pid>/stat`` on Linux (no dependency); elsewhere psutil (which
+    accelerate, a dependency, installs), if importable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # "pid (comm) state ...": comm may hold spaces and parentheses, the state follows the last ")"
+            letter = stat.read().rpartition(b")")[2].split()[0].decode()
+        return {"T": "stopped", "t": "traced", "Z": "zombie", "X": "zombie"}.get(letter, "running")
+    except (OSError, IndexError, UnicodeDecodeError):
+        pass
+    try:
+        import psutil
+
+        status = psutil.Process(pid).status()
+    except Exception:  # noqa: BLE001 - best effort: no psutil, no such process, no permission
+        return None
+    names = {psutil.STATUS_STOPPED: "stopped", psutil.STATUS_TRACING_STOP: "traced", psutil.STATUS_ZOMBIE: "zombie"}
+    return names.get(status, "running")
 
 
 def model_recipe(model: torch.nn.Module) -> dict[str, Any]:
@@ -330,7 +360,8 @@ def _children_detached(log_path: str | None):
 
 class GeneratorProcess:
     """The worker process and its two queues. ``submit`` a job, ``result(step)`` waits for it (at most ``timeout``
-    seconds, checking every second that the worker lives); ``close`` stops it.
+    seconds, checking every :data:`POLL_SECONDS` that the worker lives and runs: a dead worker is an error at once, a
+    stopped one after :data:`STOPPED_GRACE_SECONDS`); ``close`` stops it.
 
     The worker never outlives this process (it exits within a second of its death by any signal), writes its output
     to ``log_path`` (``None``: nowhere) rather than to this process's stdout and stderr, and leaves Ctrl-C to this
@@ -388,21 +419,19 @@ class GeneratorProcess:
     def _wait_for(self, step: int, timeout: float | None = None):
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
+        stopped_since = None
         while step not in self._done:
-            if not self._process.is_alive():
-                raise GeneratorError(
-                    f"The generator process died (exit code {self._process.exitcode}) before it returned the batch of "
-                    f"generation step {step}. {self._output_hint()}async_generator='inline' generates in the "
-                    "training process instead."
-                )
+            stopped_since = self._check_worker(step, stopped_since)
             if time.monotonic() > deadline:
                 what = "start" if step < 0 else f"return the batch of generation step {step}"
+                traced = process_state(self._process.pid) == "traced"
                 raise GeneratorError(
-                    f"The generator process did not {what} within {timeout:g} s (async_timeout={self.timeout:g}). "
-                    "Raise async_timeout if generation is that slow."
+                    f"The generator process did not {what} within {timeout:g} s (async_timeout={self.timeout:g})"
+                    + (f": a debugger holds it (pid {self._process.pid}, tracing stop)." if traced else ".")
+                    + " Raise async_timeout if generation is that slow."
                 )
             try:
-                answer = self._results.get(timeout=1.0)
+                answer = self._results.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 continue
             self._done[answer[0]] = answer
@@ -411,12 +440,40 @@ class GeneratorProcess:
             raise GeneratorError(f"The generator process failed on generation step {step}:\n{seconds}")
         return completions, logps, seconds
 
+    def _check_worker(self, step: int, stopped_since: float | None) -> float | None:
+        """Raise if the worker died, or has been stopped for :data:`STOPPED_GRACE_SECONDS` (it would never answer,
+        and the wait would last ``async_timeout`` for nothing); returns since when it is seen stopped (``None``: it
+        runs)."""
+        what = "start" if step < 0 else f"return the batch of generation step {step}"
+        if not self._process.is_alive():
+            raise GeneratorError(
+                f"The generator process died (exit code {self._process.exitcode}) before it could {what}. "
+                f"{self._output_hint()}async_generator='inline' generates in the training process instead."
+            )
+        if process_state(self._process.pid) != "stopped":
+            return None
+        now = time.monotonic()
+        if stopped_since is None or now - stopped_since < STOPPED_GRACE_SECONDS:
+            return now if stopped_since is None else stopped_since
+        pid = self._process.pid
+        raise GeneratorError(
+            f"The generator worker (pid {pid}) is stopped (SIGSTOP or SIGTSTP): it cannot {what}, and would be "
+            f"waited for until async_timeout={self.timeout:g} s for nothing. Something stopped the worker alone "
+            f"(kill -STOP {pid}, a tool that suspends processes): suspend and resume the whole job instead "
+            "(the trainer and its worker together), and resume this run from its last checkpoint "
+            "(train(resume_from_checkpoint=...)); the trainer kills the stopped worker when it closes it. "
+            "async_generator='inline' generates in the training process instead."
+        )
+
     def close(self) -> None:
-        """Stop the worker (it finishes the job it is on; killed after 10 s, or at once while it starts) and reap it."""
+        """Stop the worker (it finishes the job it is on; killed after 10 s, or at once while it starts or is
+        stopped) and reap it."""
         if self._process is None:
             return
         if self._process.pid is not None:
-            if self._ready:  # a worker still starting reads no queue yet: stopped at once
+            # a worker still starting reads no queue yet, a stopped one never will: killed at once (SIGKILL ends a
+            # stopped process too)
+            if self._ready and process_state(self._process.pid) not in ("stopped", "traced"):
                 with contextlib.suppress(Exception):
                     self._jobs.put(None)
                 self._process.join(timeout=10)
