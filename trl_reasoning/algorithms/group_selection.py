@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from ..utils.user_warnings import user_stacklevel
 from .advantages import grouped_rewards
 from .registry import Registry, VariantField, one_of
 
@@ -396,7 +397,7 @@ class EpochRepeatSampler(Sampler[int]):
                 f"(positive_resampling_threshold) before epoch {self.epoch}: there is nothing left to sample, so "
                 "training ends here.",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=user_stacklevel(),  # the sampler runs under the DataLoader: name the user's train() line
             )
             return []
         generator = torch.Generator()
