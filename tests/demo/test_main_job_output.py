@@ -1,0 +1,78 @@
+"""The main job (``python -m trl_reasoning.demo``, README's first command) prints its own lines and nothing else.
+
+It printed, around its own lines, bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community",
+DeepSpeed's "Setting accelerator to CPU", transformers' ``is_gradient_checkpointing`` FutureWarning (raised when TRL
+unwraps the model) and its own DynamicSamplingWarning located at ``<frozen runpy>:88``. The job runs here in a
+subprocess, as a user runs it, and every line of its output (stdout and stderr) must be one of the demo's own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPOSITORY = Path(__file__).parents[2]
+NUMBER = r"[-+]?\d+(?:\.\d+)?"
+PERCENT = rf"{NUMBER}%"
+#: Every line the tiny main job may print: its progress, its summary table, and the warnings of this package, which
+#: name the demo's own line (the DynamicSamplingWarning of a smoke run that learns nothing, with its source line).
+EXPECTED_LINES = [
+    r"torch threads: \d+ \(--num_threads (auto|\d+)\)",
+    rf"warm start: \d+ SFT steps, final training loss {NUMBER}",
+    r"warm start: (trained|cached) in \d+ s \(.+\)",
+    rf"before: held-out accuracy {NUMBER}, pass@1 {NUMBER} \(\d+ s\)",
+    rf"step +\d+: held-out accuracy {NUMBER}, pass@1 {NUMBER}",
+    rf"step +\d+: reward {NUMBER}, completion length {NUMBER}, step time {NUMBER} s",
+    r"",
+    r"DAPO on digit reversal: \d+ held-out problems, \d+ samples each, \d+ RL steps",
+    r"\| model \| held-out accuracy \(greedy\) \| pass@1 \| pass@\d+ \| mean completion length \(tokens\) \|",
+    r"\|---\|---:\|---:\|---:\|---:\|",
+    rf"\| (warm start \(SFT\)|after DAPO) \| {PERCENT} \| {PERCENT} \| {PERCENT} \| {NUMBER} \|",
+    rf"held-out accuracy {NUMBER} points, pass@1 {NUMBER} points; wall time \d+ s \(model \d+ s, evaluation \d+ s, "
+    r"RL \d+ s\)",
+    r"model and model card: .+(; curves: .+\.png| \(install matplotlib for the PNG\))",
+    r".*[/\\]trl_reasoning[/\\]demo[/\\]run\.py:\d+: DynamicSamplingWarning: Dynamic sampling found \d+ informative "
+    r"groups .*",
+    r"  trainer\.train\(\)",
+]
+
+
+def _unexpected(lines: list[str]) -> list[str]:
+    return [line for line in lines if not any(re.fullmatch(pattern, line) for pattern in EXPECTED_LINES)]
+
+
+def test_the_expected_lines_tell_the_noise_from_the_demo():
+    """The patterns reject what the main job used to print (this test would pass vacuously otherwise)."""
+    noise = [
+        "Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'. Please make sure "
+        "you already `pip install kernels` and the kernels >= 0.11.1",
+        "[2026-01-01 00:00:00,000] [WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU. If "
+        "you have GPU or other accelerator, we were unable to detect it.",
+        "/x/transformers/modeling_utils.py:3312: FutureWarning: `is_gradient_checkpointing` is deprecated and will be "
+        "removed in v6. Use `is_activation_checkpointing` instead.",
+        "  warnings.warn(",
+        "<frozen runpy>:88: DynamicSamplingWarning: Dynamic sampling found 0 informative groups (rewards not all "
+        "equal) in max_num_gen_batches=2 generation rounds.",
+    ]
+    assert _unexpected(noise) == noise
+    assert _unexpected(["torch threads: 1 (--num_threads auto)", "| after DAPO | 0.0% | 0.0% | 0.0% | 4.69 |"]) == []
+
+
+@pytest.mark.slow
+def test_the_main_job_prints_only_its_own_lines(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONWARNINGS"}
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "trl_reasoning.demo", "--model", "tiny", "--fast", "--num_train", "128"]
+    command += ["--warm_start_steps", "10", "--cache_dir", str(tmp_path / "cache")]
+    command += ["--output_dir", str(tmp_path / "out"), "--num_threads", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    lines = output.splitlines()
+    assert any(line.startswith("| after DAPO |") for line in lines), output[-5000:]
+    assert _unexpected(lines) == [], output[-5000:]

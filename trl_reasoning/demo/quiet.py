@@ -1,0 +1,56 @@
+"""The main job prints its own lines only: other libraries' notices that its user can do nothing about are dropped.
+
+``python -m trl_reasoning.demo`` printed, before and between its own lines, what its imports and TRL say to
+*their* developers, each filtered here at its source, by its exact message:
+
+- bitsandbytes (imported by peft, which transformers and TRL import): "Failed to load CPU gemm_4bit_forward from
+  kernels-community ..." — a ``logging`` warning of the logger ``bitsandbytes.backends.cpu.ops`` (printed by
+  Python's last-resort handler: bitsandbytes sets none), about an optional kernel for 4-bit models, which the demo
+  does not use;
+- DeepSpeed (imported by accelerate when it unwraps a model): "Setting accelerator to CPU. ..." — a ``logging``
+  warning of the logger ``DeepSpeed``, which writes to stdout with a handler of its own; the demo runs on the CPU
+  on purpose;
+- transformers, when TRL unwraps the model for generation: "`is_gradient_checkpointing` is deprecated ..." — a
+  ``FutureWarning`` issued in ``transformers.modeling_utils``, for TRL's developers.
+
+Only the main job installs these (its ``__main__``, before its first import of those libraries): a user's own script
+that imports trl_reasoning sees every one of them, as without this package.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+#: ``(logger name, start of the message)``: the log records the main job drops.
+NOISE_LOG_RECORDS: tuple[tuple[str, str], ...] = (
+    ("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward from kernels-community"),
+    ("DeepSpeed", "Setting accelerator to CPU."),
+)
+#: ``(category, message regex, module regex)``: the warnings the main job ignores (``warnings.filterwarnings``).
+NOISE_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
+    (FutureWarning, r"`is_gradient_checkpointing` is deprecated", r"transformers\.modeling_utils"),
+)
+
+
+class _DropRecordsStartingWith(logging.Filter):
+    """Drops the records of one logger whose message starts with ``prefix``; passes every other."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+def quiet_library_noise() -> None:
+    """Drop :data:`NOISE_LOG_RECORDS` and ignore :data:`NOISE_WARNINGS` in this process (idempotent). A filter on the
+    logger itself acts before any handler, whether the library has added its own yet or not: so this can run before
+    the libraries are imported, as it must to catch what they print at import."""
+    for name, prefix in NOISE_LOG_RECORDS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropRecordsStartingWith) and f.prefix == prefix for f in logger.filters):
+            logger.addFilter(_DropRecordsStartingWith(prefix))
+    for category, message, module in NOISE_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
