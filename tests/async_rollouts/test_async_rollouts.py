@@ -662,3 +662,32 @@ def test_a_second_train_is_a_fresh_run_of_the_same_trainer(settings, tiny_model_
     assert trainer.behaviour.generation_steps == 4
     losses = logged_metric(trainer, "loss")
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
+
+
+def test_a_resume_on_another_number_of_processes_names_that_cause(tiny_model_path, tmp_path):
+    """A checkpoint's sampled batches are kept per process: resumed on another number of processes they are not
+    used, and the restart warning says that this is why (it listed every possible cause: another generator, number
+    of processes or dynamic-sampling setting). The checkpoint is made a two-process one by its recorded
+    ``world_size``, which is what the resume reads."""
+    settings = dict(max_steps=6, max_staleness=2, save_strategy="steps", save_steps=3)
+    first = _trainer(tiny_model_path, tmp_path, **settings)
+    first.add_callback(StopAt(3))
+    first.train()
+    path = tmp_path / "checkpoint-3" / BEHAVIOUR_WEIGHTS_FILE
+    state = torch.load(path, weights_only=True)
+    assert state["world_size"] == 1 and sorted(state["batches"]) == [3, 4], "the checkpoint is not the one meant"
+    torch.save({**state, "world_size": 2}, path)
+
+    resumed = _trainer(tiny_model_path, tmp_path, **settings)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    restarts = [str(w.message) for w in caught if "The pipeline restarts" in str(w.message)]
+    assert len(restarts) == 1, [str(w.message) for w in caught]
+    assert "The checkpoint this run resumed from was written by 2 processes and this run has 1 process" in restarts[0]
+    assert "Resume with 2 processes" in restarts[0] and "dynamic-sampling" not in restarts[0]
+    assert [e["async/staleness"] for e in resumed.state.log_history if "async/staleness" in e and e["step"] > 3] == [
+        0,
+        1,
+        2,
+    ]

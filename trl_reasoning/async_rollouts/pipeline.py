@@ -33,6 +33,7 @@ import contextlib
 import os
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -317,19 +318,84 @@ def read_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
+#: The pipelines resumed from a checkpoint: the generation step each resumed at, and what its checkpoint lacks for the
+#: next ``k`` batches (:func:`resume_shortfall`), for :func:`restart_pipeline` to say.
+_RESUMED: weakref.WeakKeyDictionary[BehaviourWeights, tuple[int, str | None]] = weakref.WeakKeyDictionary()
+
+
+def _processes(count: int) -> str:
+    return f"{count} process{'es' if count != 1 else ''}"
+
+
+def resume_shortfall(
+    state: dict[str, Any], *, world_size: int, keep_all: bool, samples_ahead: bool, snapshot_reason: str | None
+) -> str | None:
+    """What a checkpoint's asynchronous ``state`` (:meth:`AsyncRollouts.save`) cannot give the run resuming from it
+    for its next ``k`` batches, said as the difference between the two runs that makes it so: the number of processes
+    (each kept its own sampled rows), a run that samples ahead resumed by one that keeps snapshots (``keep_all``: it
+    needs the weights of ``k`` steps earlier at each step, ``snapshot_reason``), or a checkpoint written at the end of
+    its run (nothing past it was sampled ahead). ``None``: it gives them all (or nothing recorded says why not).
+    The restart warning names this one cause, where it listed every possible one."""
+    if state.get("format") != ASYNC_STATE_FORMAT:
+        return None  # the earlier format held the last k + 1 snapshots: the weights of every next batch
+    k, resumed, first = int(state["max_staleness"]), int(state["generation_steps"]), int(state["first_step"])
+    kept, batches = {int(step) for step in state["snapshot_steps"]}, {int(step) for step in state["batches"]}
+    usable = batches if samples_ahead and state["world_size"] == world_size else set()
+    lacking = [
+        step
+        for step in range(resumed, resumed + k)
+        if max(step - k, first) not in kept and (keep_all or step not in usable)
+    ]
+    if not lacking:
+        return None
+    causes = []
+    if samples_ahead and state["world_size"] != world_size and batches & set(lacking):
+        written, now = _processes(state["world_size"]), _processes(world_size)
+        causes.append(
+            f"was written by {written} and this run has {now}: each of its processes kept its own rows of the batches "
+            f"it had sampled ahead (generation steps {sorted(batches)}), which {now} cannot take over. Resume with "
+            f"{written} to train on them as the checkpoint's run would have"
+        )
+    if keep_all:
+        causes.append(
+            f"kept the batches its run had sampled ahead, not the weights that sample generation steps {lacking}, "
+            f"and this run samples each batch at its own step with the weights of k steps earlier ({snapshot_reason}). "
+            "Resume with the checkpoint's async_generator and sampling settings to continue its lag exactly"
+        )
+    elif not batches & set(lacking):
+        last = max(batches, default=resumed - 1)
+        causes.append(
+            f"was written at the end of its run (its max_steps): nothing past generation step {last} was sampled "
+            f"ahead, nor the weights that sample generation steps {lacking} kept. A run continued past the "
+            "checkpoint's max_steps restarts its pipeline once"
+        )
+    return "; and it ".join(causes) or None
+
+
 def restart_pipeline(behaviour: BehaviourWeights, missing: LookupError) -> None:
     """The behaviour weights of a batch are not kept (``missing`` says which): the pipeline restarts from the current
-    weights, with a warning that says why it happens."""
+    weights, with a warning that says why it happens: at the first steps after a resume, the difference between
+    the checkpoint's run and this one (:func:`resume_shortfall`, noted by :meth:`AsyncRollouts.restore`)."""
+    newest = behaviour.generation_steps - 1
+    resumed_at, shortfall = _RESUMED.pop(behaviour, (None, None))
+    if resumed_at is not None and resumed_at <= newest <= resumed_at + behaviour.max_staleness:
+        why = (
+            f"The checkpoint this run resumed from {shortfall}."
+            if shortfall
+            else "The checkpoint this run resumed from holds neither the next batches nor their weights."
+        )
+    else:
+        why = (
+            "It keeps the weights its batches need up to the first generation step after the last one train() "
+            "trains; this one is later."
+        )
     warnings.warn(
         f"Asynchronous rollouts: {missing}. The pipeline restarts from the current weights (the next batches are less "
-        "stale than max_staleness until it has run k more steps). It keeps the weights its batches need up to the "
-        "first generation step after train(); this happens on a later one, or after a resume from a checkpoint that "
-        "holds neither the next batches nor their weights (written with another generator, number of processes or "
-        "dynamic-sampling setting).",
+        f"stale than max_staleness until it has run k more steps). {why}",
         UserWarning,
         stacklevel=user_stacklevel(),
     )
-    behaviour.restart(behaviour.generation_steps - 1)
+    behaviour.restart(newest)
 
 
 def importance_weight_share_changed(
@@ -1052,8 +1118,9 @@ class AsyncRollouts:
         """The pipeline's state from ``checkpoint``: the kept snapshots and this process's sampled batches (or, from a
         checkpoint of the earlier format, the last ``k + 1`` snapshots, which sample the next batches). Without them or
         with another ``max_staleness``'s the pipeline restarts from the checkpoint's weights, with a warning; so it
-        does, at the first step that needs them, where the checkpoint holds neither a batch nor its weights (it was
-        written with another generator, number of processes or dynamic-sampling setting)."""
+        does, at the first step that needs them, where the checkpoint holds neither a batch nor its weights, with a
+        warning that names why (:func:`resume_shortfall`: another number of processes, generator or sampling setting,
+        or a checkpoint at the end of its run)."""
         path = os.path.join(checkpoint, BEHAVIOUR_WEIGHTS_FILE)
         if not os.path.exists(path):
             warnings.warn(
@@ -1066,6 +1133,16 @@ class AsyncRollouts:
         state = self.behaviour.load_file(path)  # warns itself when it cannot use it
         if state is None:
             return
+        _RESUMED[self.behaviour] = (
+            int(state["generation_steps"]),
+            resume_shortfall(
+                state,
+                world_size=self.host.accelerator.num_processes,
+                keep_all=self.behaviour.keep_all,
+                samples_ahead=self.pipeline is not None,
+                snapshot_reason=self.snapshot_reason,
+            ),
+        )
         if self.pipeline is not None:
             self.pipeline.load_state_dict(self._restored_batches(checkpoint, state))
 
