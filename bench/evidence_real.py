@@ -52,6 +52,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -69,6 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BUDGET = 4000
 TEST_QUESTIONS = 64
 PLOT = Path(__file__).with_name("evidence_real.png")
+DOCS_PLOT = ROOT / "docs" / "images" / "evidence.png"
 CURVES_PLOT = Path(__file__).with_name("evidence_real_curves.png")
 _RISE_PLACED = 0.1  # a fit whose curve climbs less than this share of A - R0 across the run's own tokens is flat
 #: the mean |log(pi_theta / mu)| over the tokens of a step, logged where the loss's ratio is taken to the sampler
@@ -83,8 +85,36 @@ _STALE = {"steps_per_generation": 4, "num_iterations": 1}
 _ASYNC_K8 = {"async_rollouts": True, "max_staleness": 8, "async_generator": "inline", "num_iterations": 1}
 
 
-def _pair(arm_a: str, arm_b: str, measure: str, expects: str) -> dict:
-    return {"a": arm_a, "b": arm_b, "measure": measure, "expects": expects}
+def _pair(arm_a: str, arm_b: str, measure: str, expects: str, tests: str, paper: bool = True) -> dict:
+    """One comparison: arm a − arm b on ``measure``; ``tests`` names the claim it tests (the paper and its baseline);
+    ``paper=False`` marks a comparison no paper made (its verdict says which arm is higher, never "reproduces" or
+    "opposite"), and ``expects`` is then the direction this package's default assumes."""
+    return {"a": arm_a, "b": arm_b, "measure": measure, "expects": expects, "tests": tests, "paper": paper}
+
+
+_VS_TRL = "vs TRL's clip on pi_old, not the paper's baseline"
+#: The k = 8 comparisons: each loss against the papers' own baseline (the clip on pi_theta / mu: the DPPO paper's GRPO,
+#: verl's bypass mode), against TRL's objective (v4's baseline, whose clip never acts there), and the clip's two
+#: anchors against each other (no paper's claim: the question behind this package's asynchronous default).
+_ASYNC_COMPARISONS = [
+    _pair("dppo_binary", "clip_sampler", "pass@1", "higher", "DPPO binary-TV over its baseline, the clip on pi/mu"),
+    _pair("dppo_topk", "clip_sampler", "pass@1", "higher", "DPPO top-K TV over its baseline, the clip on pi/mu"),
+    _pair("cispo", "clip_sampler", "pass@1", "higher", "CISPO over the clip on pi/mu"),
+    _pair("clip_sampler", "clip", "pass@1", "higher", "the clip's anchor: mu (sampler) vs pi_old", paper=False),
+    _pair("clip_decoupled", "clip", "pass@1", "higher", "the clip's anchor: decoupled (AReaL) vs pi_old", paper=False),
+    _pair("cispo", "clip", "pass@1", "higher", f"CISPO {_VS_TRL}", paper=False),
+    _pair("dppo_binary", "clip", "pass@1", "higher", f"DPPO binary-TV {_VS_TRL}", paper=False),
+    _pair("dppo_topk", "clip", "pass@1", "higher", f"DPPO top-K TV {_VS_TRL}", paper=False),
+]
+
+
+#: A claim's budget is generated completion tokens (``--budget``) unless it declares ``"unit": "steps"`` and its own
+#: ``"budget"`` of optimizer steps (DAPO's dynamic-sampling claim is in steps; the long trust-region rows need a
+#: horizon in steps).
+def claim_budget(claim: str, token_budget: int) -> tuple[str, int]:
+    """``(unit, budget)`` of ``claim``'s runs: ``("tokens", token_budget)`` or its own ``("steps", n)``."""
+    spec = CLAIMS[claim]
+    return (spec["unit"], spec["budget"]) if spec.get("unit") == "steps" else ("tokens", token_budget)
 
 
 #: claim -> its arms (settings over the shared ones; ``"preset"`` names a preset whose config and trainer the arm
@@ -96,21 +126,37 @@ CLAIMS: dict[str, dict] = {
             "maxrl": {**_BASE, **_CLIP, "advantage_estimator": "maxrl"},
             "grpo": {**_BASE, **_CLIP},
         },
-        "compare": [_pair("maxrl", "grpo", "pass@8", "higher")],
+        "compare": [_pair("maxrl", "grpo", "pass@8", "higher", "MaxRL: higher pass@k than GRPO")],
     },
     "stale_cispo": {
         "arms": {
             "cispo": {**_BASE, "policy_loss": "cispo", "epsilon_high": 5.0, **_STALE},
             "clip": {**_BASE, **_CLIP, **_STALE},
         },
-        "compare": [_pair("cispo", "clip", "pass@1", "higher")],
+        "compare": [
+            _pair("cispo", "clip", "pass@1", "higher", "MiniMax-M1: CISPO over the clip on stale minibatches")
+        ],
     },
+    # at equal generated tokens: more accuracy per token is not what DAPO claims (see dynamic_sampling_steps)
     "dynamic_sampling": {
         "arms": {
             "on": {**_BASE, **_CLIP, "dynamic_sampling": True, "max_num_gen_batches": 4},
             "off": {**_BASE, **_CLIP},
         },
-        "compare": [_pair("on", "off", "pass@1", "higher")],
+        "compare": [
+            _pair("on", "off", "pass@1", "higher", "dynamic sampling: more accuracy per generated token", paper=False)
+        ],
+    },
+    # DAPO's claim (§3.3, Fig. 6): the same accuracy in fewer training steps, so more at equal optimizer steps (17: the
+    # steps the arm without it makes on 4,000 tokens)
+    "dynamic_sampling_steps": {
+        "arms": {
+            "on": {**_BASE, **_CLIP, "dynamic_sampling": True, "max_num_gen_batches": 4},
+            "off": {**_BASE, **_CLIP},
+        },
+        "unit": "steps",
+        "budget": 17,
+        "compare": [_pair("on", "off", "pass@1", "higher", "DAPO: dynamic sampling, more accuracy at equal steps")],
     },
     "length_bias": {
         "arms": {
@@ -129,7 +175,15 @@ CLAIMS: dict[str, dict] = {
                 "max_completion_length": 32,
             },
         },
-        "compare": [_pair("seq_mean_token_mean", "seq_mean_token_sum_norm", "incorrect_length", "higher")],
+        "compare": [
+            _pair(
+                "seq_mean_token_mean",
+                "seq_mean_token_sum_norm",
+                "incorrect_length",
+                "higher",
+                "Dr. GRPO: dividing by the length lengthens wrong answers",
+            )
+        ],
     },
     # DAPO's clip-higher acts only where the ratio leaves 1: DAPO splits each rollout batch into several optimizer
     # steps (its mini-batches), as steps_per_generation=4 does here
@@ -139,8 +193,8 @@ CLAIMS: dict[str, dict] = {
             "eps_high_0.20": {**_BASE, **_CLIP, "epsilon_high": 0.2, **_STALE},
         },
         "compare": [
-            _pair("eps_high_0.28", "eps_high_0.20", "entropy_end", "higher"),
-            _pair("eps_high_0.28", "eps_high_0.20", "pass@8", "higher"),
+            _pair("eps_high_0.28", "eps_high_0.20", "entropy_end", "higher", "DAPO: clip-higher keeps entropy"),
+            _pair("eps_high_0.28", "eps_high_0.20", "pass@8", "higher", "DAPO: clip-higher keeps diversity"),
         ],
     },
     # "clip" is TRL's objective (ratio to pi_old, the learner itself here, with TRL's sequence_mask correction: v4's
@@ -150,26 +204,35 @@ CLAIMS: dict[str, dict] = {
         "arms": {
             "clip": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "pi_old"},
             "clip_sampler": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "sampler"},
+            "clip_decoupled": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "decoupled"},
             "cispo": {**_BASE, "policy_loss": "cispo", "epsilon_high": 5.0, **_ASYNC_K8},
             "dppo_binary": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "binary_tv", **_ASYNC_K8},
             "dppo_topk": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "topk_tv", **_ASYNC_K8},
         },
-        "compare": [
-            _pair("cispo", "clip", "pass@1", "higher"),
-            _pair("dppo_binary", "clip", "pass@1", "higher"),
-            _pair("dppo_topk", "clip", "pass@1", "higher"),
-            _pair("cispo", "clip_sampler", "pass@1", "higher"),
-            _pair("dppo_binary", "clip_sampler", "pass@1", "higher"),
-            _pair("dppo_topk", "clip_sampler", "pass@1", "higher"),
-            _pair("clip_sampler", "clip", "pass@1", "higher"),
-        ],
+        "compare": _ASYNC_COMPARISONS,
+    },
+    # the same arms over a horizon where a trust region can pay: 50 optimizer steps (the 4,000-token runs make 17, the
+    # first 8 of them sampled by the initial weights)
+    "async_k8_long": {
+        "arms": {
+            "clip": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "pi_old"},
+            "clip_sampler": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "sampler"},
+            "clip_decoupled": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "decoupled"},
+            "cispo": {**_BASE, "policy_loss": "cispo", "epsilon_high": 5.0, **_ASYNC_K8},
+            "dppo_binary": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "binary_tv", **_ASYNC_K8},
+            "dppo_topk": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "topk_tv", **_ASYNC_K8},
+        },
+        "unit": "steps",
+        "budget": 50,
+        "seeds": 4,  # each run is three times as long: the seeds the time allows, at least 4
+        "compare": _ASYNC_COMPARISONS[:5],
     },
     # the two recipes as their presets ship them (ScaleRL: CISPO, prompt-mean, batch-scaled advantages, zero-variance
     # filtering, PipelineRL-8; DAPO: clip-higher, token mean, dynamic sampling, soft overlong punishment) at the same
     # generated-token budget
     "scalerl_vs_dapo": {
         "arms": {"scalerl": {"preset": "scalerl"}, "dapo": {"preset": "dapo"}},
-        "compare": [_pair("scalerl", "dapo", "pass@1", "higher")],
+        "compare": [_pair("scalerl", "dapo", "pass@1", "higher", "ScaleRL: its recipe over DAPO's at equal compute")],
     },
 }
 
@@ -258,7 +321,8 @@ def _trainer_within_budget(job: dict, trainer_class, args, path, tokenizer, task
 
     class Budget(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            if tokens["generated"] >= job["budget"]:
+            # a budget in steps is max_steps (set by run_one); a budget in tokens stops here
+            if job.get("unit", "tokens") == "tokens" and tokens["generated"] >= job["budget"]:
                 control.should_training_stop = True
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -307,7 +371,10 @@ def run_one(job: dict) -> dict:
     reward.__name__ = "last_number_reward"
     arm = dict(CLAIMS[job["claim"]]["arms"][job["arm"]])
     trainer_class = _preset_trainer(arm.pop("preset", None))
-    args = trainer_class.config_class(**{**_run_settings(job, cpu_config_kwargs()), **arm})
+    settings = _run_settings(job, cpu_config_kwargs())
+    if job.get("unit") == "steps":
+        settings["max_steps"] = job["budget"]
+    args = trainer_class.config_class(**{**settings, **arm})
     tokenizer = load_tokenizer(path)
     trainer = _trainer_within_budget(job, trainer_class, args, path, tokenizer, task, reward, tokens)
     started = time.perf_counter()
@@ -316,6 +383,12 @@ def run_one(job: dict) -> dict:
     measures = held_out_measures(
         trainer.model, tokenizer, task.rl_rows("test"), args.max_completion_length, last_number
     )
+    return _run_record(job, trainer, tokens, measures, train_seconds)
+
+
+def _run_record(job: dict, trainer, tokens: dict, measures: dict, train_seconds: float) -> dict:
+    """What one run records: its held-out measures and, from its logged steps, the off-policy metrics (the clip
+    fraction, TRL's changed-weight share, the ESS, the sampler ratio), the entropy at the end and its compute curve."""
     history = [entry for entry in trainer.state.log_history if "loss" in entry]
     clipped = _clipped_fractions(history)
     rewards = [entry["reward"] for entry in history if "reward" in entry]
@@ -408,13 +481,17 @@ def collect(options) -> None:
     recorded = _runs()
     for seed in options.seeds:
         for claim in options.claims:
+            unit, budget = claim_budget(claim, options.budget)
             for arm in CLAIMS[claim]["arms"]:
-                key = _key(claim, arm, seed, options.budget)
+                key = _key(claim, arm, seed, budget)
                 if key not in recorded:
-                    jobs.append({"claim": claim, "arm": arm, "seed": seed, "budget": options.budget, "key": key})
+                    job = {"claim": claim, "arm": arm, "seed": seed, "budget": budget, "unit": unit, "key": key}
+                    jobs.append(job)
     print(f"{len(jobs)} runs to do ({len(recorded)} recorded)", flush=True)
 
     def go(job: dict) -> None:
+        if job["key"] in _runs():  # another invocation recorded it meanwhile
+            return
         started = time.time()
         result = _launch(job)
         result["wall_s"] = time.time() - started
@@ -439,17 +516,19 @@ def _paired_runs(runs: dict, claim: str, budget: int) -> dict[int, dict[str, dic
     return by_seed
 
 
-def verdict(differences: list[float], expects: str) -> tuple[str, float, float, float]:
+def verdict(differences: list[float], expects: str, paper: bool = True) -> tuple[str, float, float, float]:
     """The rule, fixed before the runs: a direction is called only when the 95% t interval of the per-seed differences
-    excludes 0 ("reproduces" when it is the paper's, "opposite" otherwise), and is qualified below 8 seeds; anything
-    else is "not resolved". Returns the verdict, the mean and the interval (its half-width is the smallest effect
-    these seeds could have called)."""
+    excludes 0 ("reproduces" when it is the paper's, "opposite" otherwise; "A higher" / "A lower" for a comparison no
+    paper made), and is qualified below 8 seeds; anything else is "not resolved". Returns the verdict, the mean and
+    the interval (its half-width is the smallest effect these seeds could have called)."""
     mean, low, high = t_interval(differences)
     if len(differences) < 3 or not (low > 0 or high < 0):
         return "not resolved" + (" (fewer than 3 seeds)" if len(differences) < 3 else ""), mean, low, high
-    agrees = ("higher" if low > 0 else "lower") == expects
+    direction = "higher" if low > 0 else "lower"
     suffix = "" if len(differences) >= 8 else f" at {len(differences)} seeds (a small effect needs >= 8)"
-    return ("reproduces" if agrees else "opposite") + suffix, mean, low, high
+    if not paper:  # no paper made this comparison: only which arm is higher
+        return f"A {direction}" + suffix, mean, low, high
+    return ("reproduces" if direction == expects else "opposite") + suffix, mean, low, high
 
 
 def _mean_of(paired: list[tuple[dict, dict]], side: int, key: str, digits: int) -> str:
@@ -458,27 +537,57 @@ def _mean_of(paired: list[tuple[dict, dict]], side: int, key: str, digits: int) 
     return f"{statistics.fmean(values):.{digits}f}" if values else "–"
 
 
-def _comparison_rows(runs: dict, budget: int) -> tuple[list[str], list[tuple]]:
-    rows, effects = [], []
+def _unit_text(claim: str, budget: int) -> str:
+    unit, claim_units = claim_budget(claim, budget)
+    return f"{claim_units} {unit}"
+
+
+def comparisons(runs: dict, budget: int) -> list[dict]:
+    """Every comparison with recorded pairs: its claim, arms, measure, unit, the paired runs and the verdict."""
+    found = []
     for claim, spec in CLAIMS.items():
-        by_seed = _paired_runs(runs, claim, budget)
+        by_seed = _paired_runs(runs, claim, claim_budget(claim, budget)[1])
         for pair in spec["compare"]:
             arm_a, arm_b, measure = pair["a"], pair["b"], pair["measure"]
             paired = [(r[arm_a], r[arm_b]) for r in by_seed.values() if arm_a in r and arm_b in r]
             if not paired:
                 continue
-            said, mean, low, high = verdict([a[measure] - b[measure] for a, b in paired], pair["expects"])
-            effects.append((f"{claim}: {arm_a} − {arm_b}", measure, mean, low, high))
-
-            def both(key: str, digits: int, paired=paired) -> str:
-                return f"{_mean_of(paired, 0, key, digits)} / {_mean_of(paired, 1, key, digits)}"
-
-            rows.append(
-                f"| {claim} | {arm_a} − {arm_b} | {measure} | {_mean_of(paired, 0, measure, 3)} | "
-                f"{_mean_of(paired, 1, measure, 3)} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] | {(high - low) / 2:.3f} | "
-                f"{len(paired)} | {both('clip_fraction', 4)} | {both('sampler_ratio_abs_log', 4)} | "
-                f"{both('steps', 0)} | {said} |"
+            differences = [a[measure] - b[measure] for a, b in paired]
+            said, mean, low, high = verdict(differences, pair["expects"], pair["paper"])
+            found.append(
+                {
+                    **pair,
+                    "claim": claim,
+                    "unit": _unit_text(claim, budget),
+                    "paired": paired,
+                    "verdict": said,
+                    "mean": mean,
+                    "low": low,
+                    "high": high,
+                }
             )
+    return found
+
+
+def _comparison_rows(runs: dict, budget: int) -> tuple[list[str], list[tuple]]:
+    """The wide rows of bench/RESULTS.md (every recorded measure of both arms) and each row's effect for the plot."""
+    rows, effects = [], []
+    for row in comparisons(runs, budget):
+        paired, arm_a, arm_b, measure = row["paired"], row["a"], row["b"], row["measure"]
+        mean, low, high = row["mean"], row["low"], row["high"]
+        effects.append((row["tests"], measure, mean, low, high, row["expects"] if row["paper"] else None))
+
+        def both(key: str, digits: int, paired=paired) -> str:
+            return f"{_mean_of(paired, 0, key, digits)} / {_mean_of(paired, 1, key, digits)}"
+
+        rows.append(
+            f"| {row['claim']} | {row['tests']} | {arm_a} − {arm_b} | {measure} | {row['unit']} | "
+            f"{_mean_of(paired, 0, measure, 3)} | {_mean_of(paired, 1, measure, 3)} | "
+            f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] | {(high - low) / 2:.3f} | {len(paired)} | "
+            f"{both('accuracy', 3)} | {both('pass@1', 3)} | {both('pass@8', 3)} | {both('clip_fraction', 4)} | "
+            f"{both('is_weight_changed', 3)} | {both('ess', 3)} | {both('sampler_ratio_abs_log', 4)} | "
+            f"{both('steps', 0)} | {row['verdict']} |"
+        )
     return rows, effects
 
 
@@ -490,7 +599,9 @@ def curve_fits(runs: dict, budget: int) -> dict[tuple[str, str], list[tuple]]:
 
     fits: dict[tuple[str, str], list] = {}
     for run in runs.values():
-        if run["budget"] != budget or len(run.get("curve", [])) < 4:
+        if run["claim"] not in CLAIMS or run["budget"] != claim_budget(run["claim"], budget)[1]:
+            continue
+        if len(run.get("curve", [])) < 4:
             continue
         tokens, reward = zip(*run["curve"], strict=True)
         try:
@@ -542,7 +653,11 @@ def _fit_rows(fits: dict[tuple[str, str], list[tuple]]) -> list[str]:
 def _runs_missing(runs: dict, budget: int, seeds: int) -> dict[str, int]:
     """claim -> the runs still to do for every arm to have seeds 0 .. ``seeds`` - 1."""
     return {
-        claim: sum(_key(claim, arm, seed, budget) not in runs for arm in spec["arms"] for seed in range(seeds))
+        claim: sum(
+            _key(claim, arm, seed, claim_budget(claim, budget)[1]) not in runs
+            for arm in spec["arms"]
+            for seed in range(spec.get("seeds", seeds))
+        )
         for claim, spec in CLAIMS.items()
     }
 
@@ -555,7 +670,8 @@ def _runs_without_curves(runs: dict, budget: int) -> dict[str, list[int]]:
             seeds = sorted(
                 run["seed"]
                 for run in runs.values()
-                if (run["claim"], run["arm"], run["budget"]) == (claim, arm, budget) and not run.get("curve")
+                if (run["claim"], run["arm"], run["budget"]) == (claim, arm, claim_budget(claim, budget)[1])
+                and not run.get("curve")
             )
             if seeds:
                 missing[f"{claim}/{arm}"] = seeds
@@ -574,15 +690,32 @@ def _seed_list(seeds: list[int]) -> str:
 
 
 def comparison_table(runs: dict, budget: int) -> tuple[str, list[tuple]]:
-    """The claims' table in markdown (one row per comparison with recorded pairs) and each row's effect for the plot;
+    """The claims' table in markdown, narrow enough for a browser (the claim each row tests, the arms, the measure in
+    its unit, the effect with its interval, the seeds and the verdict), and each row's effect for the plot;
     ``docs/which-preset.md`` holds it between ``<!-- evidence:start -->`` and ``<!-- evidence:end -->``."""
-    rows, effects = _comparison_rows(runs, budget)
-    header = [
-        "| claim | arm A − arm B | measure | A (mean) | B (mean) | A − B, mean [95% t] | resolvable ± | seeds | "
-        "clip fraction A / B | mean abs log(π/μ) A / B | steps A / B | verdict |",
-        "|---|---|---|---:|---:|---|---:|---:|---|---|---|---|",
+    _, effects = _comparison_rows(runs, budget)
+    lines = [
+        "| claim tested | A − B | measure, budget | A − B [95% t] | seeds | verdict |",
+        "|---|---|---|---|---:|---|",
     ]
-    return "\n".join(header + rows) + "\n", effects
+    for row in comparisons(runs, budget):
+        lines.append(
+            f"| {row['tests']} | {row['a']} − {row['b']} | {row['measure']}, {row['unit']} | "
+            f"{row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}] | {len(row['paired'])} | {row['verdict']} |"
+        )
+    return "\n".join(lines) + "\n", effects
+
+
+def wide_comparison_table(runs: dict, budget: int) -> str:
+    """bench/RESULTS.md's table: every comparison with both arms' means of every recorded measure."""
+    rows, _ = _comparison_rows(runs, budget)
+    header = [
+        "| claim | tests | arm A − arm B | measure | budget | A (mean) | B (mean) | A − B, mean [95% t] | resolvable ± | "
+        "seeds | greedy accuracy A / B | pass@1 A / B | pass@8 A / B | clip fraction A / B | TRL changed-weight "
+        "share A / B | ESS A / B | mean abs log(π/μ) A / B | steps A / B | verdict |",
+        "|---|---|---|---|---|---:|---:|---|---:|---:|---|---|---|---|---|---|---|---|---|",
+    ]
+    return "\n".join(header + rows) + "\n"
 
 
 def marker_blocks():
@@ -594,32 +727,39 @@ def marker_blocks():
 
 
 def _write_docs_table(table: str) -> None:
+    """docs/which-preset.md's copy of the table, and its picture (the effects plot, which the page leads with)."""
     marker_blocks().write_block("evidence", table, ROOT)
+    if PLOT.exists():
+        DOCS_PLOT.parent.mkdir(exist_ok=True)
+        shutil.copyfile(PLOT, DOCS_PLOT)
 
 
 def summarize(options) -> str:
     runs = _runs()
-    comparisons, effects = comparison_table(runs, options.budget)
+    narrow, effects = comparison_table(runs, options.budget)
+    wide = wide_comparison_table(runs, options.budget)
     fits = curve_fits(runs, options.budget)
     loads = [run.get("load", float("nan")) for run in runs.values()]
     hours = sum(run.get("wall_s", 0.0) for run in runs.values()) / 3600
     missing = _runs_missing(runs, options.budget, seeds=8)
     per_run = statistics.median(run["wall_s"] for run in runs.values() if "wall_s" in run)
     to_do = (
-        f"Every arm of every claim at 8 seeds needs {sum(missing.values())} more runs "
+        f"Every arm of every claim at its seeds (8; async_k8_long 4) needs {sum(missing.values())} more runs "
         f"({', '.join(f'{claim} {count}' for claim, count in missing.items() if count)}): about "
-        f"{sum(missing.values()) * per_run / 2 / 3600:.1f} h at the median {per_run:.0f} s a run, two at a time."
+        f"{sum(missing.values()) * per_run / 2 / 3600:.1f} h at the median {per_run:.0f} s a run, two at a time "
+        "(runs in steps take longer)."
         if any(missing.values())
-        else f"Every arm of every claim has its 8 seeds (median {per_run:.0f} s a run)."
+        else f"Every arm of every claim has its seeds (8; async_k8_long 4; median {per_run:.0f} s a run)."
     )
     no_curve = _runs_without_curves(runs, budget=options.budget)
     table = (
         f"SmolLM2-135M-Instruct, LoRA r=16, lr 2e-4 constant, one-step add/sub/mul, {options.budget} generated completion "
-        f"tokens per run, held-out set of 64 questions x 8 samples; arms paired by seed, 95% Student-t interval of the "
+        "tokens per run (a claim in steps: its own optimizer steps, the 'budget' column), held-out set of 64 questions "
+        f"x 8 samples; arms paired by seed, 95% Student-t interval of the "
         f"per-seed differences; 'resolvable ±' is the interval's half-width, the smallest effect these seeds could "
         f"call. {len(runs)} runs recorded, {hours:.1f} h of wall time in all (two runs at a time); machine load (1-min "
         f"average at the end of each run): median {statistics.median(loads):.1f} on 2 cores. {to_do}\n\n"
-        + comparisons
+        + wide
         + "\nCompute curves: ScaleRL's sigmoid R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) fitted to each run's "
         "training reward (a generation step's mean over its 16 completions) against the generated tokens so far, "
         "then each parameter's mean and 95% t interval across the arm's seeds. The reward is binary, so A is bounded "
@@ -642,8 +782,8 @@ def summarize(options) -> str:
     _plot(effects)
     _plot_curves(runs, options.budget, fits)
     if options.budget == DEFAULT_BUDGET:
-        _write_docs_table(comparisons)
-    record("The real model: evidence v4 (claims, paired by seed)", table)
+        _write_docs_table(narrow)
+    record("The real model: evidence v5 (claims, paired by seed)", table)
     return table
 
 
@@ -660,7 +800,8 @@ def _pyplot():
 
 def _plot(effects) -> None:
     """One panel per measure (pass rates, tokens and nats do not share a scale), one row per comparison: the mean
-    difference with its 95% t interval; a comparison with a single seed is a grey dot."""
+    difference with its 95% t interval, the side the paper expects shaded green (a comparison no paper made is grey);
+    a comparison with a single seed is a grey dot."""
     plt = _pyplot()
     if plt is None or not effects:
         return
@@ -672,16 +813,25 @@ def _plot(effects) -> None:
         len(by_measure), 1, figsize=(9, 0.8 + 0.42 * sum(heights)), squeeze=False, height_ratios=heights
     )
     for axis, (measure, rows) in zip(axes[:, 0], by_measure.items(), strict=True):
-        for row, (_label, _measure, mean, low, high) in enumerate(rows):
+        reach = max([abs(v) for *_, mean, low, high, _e in rows for v in (mean, low, high) if v == v] + [1e-3]) * 1.15
+        for row, (_label, _measure, mean, low, high, expects) in enumerate(rows):
+            if expects is not None:  # the paper's direction
+                side = (0, reach) if expects == "higher" else (-reach, 0)
+                axis.fill_betweenx([row - 0.4, row + 0.4], *side, color="tab:green", alpha=0.12, lw=0)
+            colour = "tab:blue" if expects is not None else "tab:grey"
             if low == low:  # nan with fewer than two seeds
-                axis.errorbar(mean, row, xerr=[[mean - low], [high - mean]], fmt="o", capsize=4, color="tab:blue")
+                axis.errorbar(mean, row, xerr=[[mean - low], [high - mean]], fmt="o", capsize=4, color=colour)
             else:
                 axis.plot(mean, row, "o", color="tab:grey")
         axis.axvline(0, color="grey", lw=1)
+        axis.set_xlim(-reach, reach)
         axis.set_yticks(range(len(rows)), [label for label, *_ in rows], fontsize=8)
         axis.set_ylim(-0.6, len(rows) - 0.4)
         axis.set_xlabel(f"{measure}: arm A − arm B (mean over seeds, 95% t interval)", fontsize=8)
-    axes[0, 0].set_title("Evidence v4 on SmolLM2-135M-Instruct (LoRA)", fontsize=10)
+    axes[0, 0].set_title(
+        "Evidence v5 on SmolLM2-135M-Instruct (LoRA): green = the side the paper expects; grey = no paper's claim",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(PLOT, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -689,7 +839,8 @@ def _plot(effects) -> None:
 
 def _binned_mean_curve(curves: list[list], budget: int, bins: int = 12) -> tuple[list[float], list[float]]:
     """The seeds' rewards averaged within equal bins of generated tokens (the seeds' steps fall at different token
-    counts)."""
+    counts); the bins span ``budget`` tokens, or the curves' last token where they go past it (a claim in steps)."""
+    budget = max([budget] + [tokens for curve in curves for tokens, _ in curve])
     width = budget / bins
     rewards: dict[int, list[float]] = {}
     for curve in curves:

@@ -23,6 +23,9 @@ def test_every_arm_builds_its_config_and_every_comparison_names_two_arms(evidenc
         for pair in spec["compare"]:
             assert {pair["a"], pair["b"]} <= set(spec["arms"]), claim
             assert pair["expects"] in ("higher", "lower")
+            assert pair["tests"] and isinstance(pair["paper"], bool)
+        unit, budget = evidence.claim_budget(claim, 4000)
+        assert (unit, budget) == ((spec["unit"], spec["budget"]) if "unit" in spec else ("tokens", 4000))
         for arm, settings in spec["arms"].items():
             settings = dict(settings)
             trainer_class = evidence._preset_trainer(settings.pop("preset", None))
@@ -33,7 +36,10 @@ def test_every_arm_builds_its_config_and_every_comparison_names_two_arms(evidenc
 
 def test_the_off_policy_arms_run_in_pipelinerl_8_and_differ_only_in_the_loss(evidence):
     arms = evidence.CLAIMS["async_k8"]["arms"]
-    loss_fields = {"policy_loss", "epsilon", "epsilon_high", "dppo_divergence"}
+    assert evidence.CLAIMS["async_k8_long"]["arms"] == arms  # the same arms over 50 steps
+    # the two clip arms differ only in the anchor: TRL's objective (v4's baseline) and the papers' (the sampler)
+    assert (arms["clip"]["ratio_anchor"], arms["clip_sampler"]["ratio_anchor"]) == ("pi_old", "sampler")
+    loss_fields = {"policy_loss", "epsilon", "epsilon_high", "dppo_divergence", "ratio_anchor"}
     shared = [{k: v for k, v in arm.items() if k not in loss_fields} for arm in arms.values()]
     assert all(s == shared[0] for s in shared)
     assert shared[0]["async_rollouts"] is True and shared[0]["max_staleness"] == 8
@@ -41,6 +47,24 @@ def test_the_off_policy_arms_run_in_pipelinerl_8_and_differ_only_in_the_loss(evi
     higher = evidence.CLAIMS["clip_higher"]["arms"]
     differ = {k for k in higher["eps_high_0.28"] if higher["eps_high_0.28"][k] != higher["eps_high_0.20"].get(k)}
     assert differ == {"epsilon_high"}
+
+
+def test_the_paper_rows_compare_against_each_paper_s_own_baseline_and_unit(evidence):
+    """DPPO's and CISPO's asynchronous claims are against the clip on pi/mu (the DPPO paper's GRPO baseline); DAPO's
+    dynamic-sampling claim is in optimizer steps; the rows against TRL's objective or in tokens are no paper's claim."""
+    paper_rows = {
+        (claim, p["a"], p["b"]) for claim, spec in evidence.CLAIMS.items() for p in spec["compare"] if p["paper"]
+    }
+    for claim in ("async_k8", "async_k8_long"):
+        assert {(a, b) for c, a, b in paper_rows if c == claim} == {
+            ("dppo_binary", "clip_sampler"),
+            ("dppo_topk", "clip_sampler"),
+            ("cispo", "clip_sampler"),
+        }
+    assert ("dynamic_sampling_steps", "on", "off") in paper_rows
+    assert ("dynamic_sampling", "on", "off") not in paper_rows
+    assert evidence.claim_budget("dynamic_sampling_steps", 4000) == ("steps", 17)
+    assert evidence.claim_budget("async_k8_long", 4000)[1] >= 50
 
 
 @pytest.mark.parametrize(
@@ -55,6 +79,10 @@ def test_the_off_policy_arms_run_in_pipelinerl_8_and_differ_only_in_the_loss(evi
 )
 def test_verdict_rule(evidence, differences, expects, said):
     verdict, mean, low, high = evidence.verdict(differences, expects)
+    # a comparison no paper made says only which arm is higher
+    unclaimed, *_ = evidence.verdict(differences, expects, paper=False)
+    direction = f"A {'higher' if mean > 0 else 'lower'}"
+    assert unclaimed == said.replace("reproduces", direction).replace("opposite", direction)
     assert verdict == said
     assert mean == pytest.approx(sum(differences) / len(differences))
     assert low < mean < high
@@ -88,7 +116,13 @@ def _run(claim: str, arm: str, seed: int, pass1: float, asymptote: float) -> dic
 def test_summary_pairs_each_comparison_by_seed_and_fits_each_arms_curves(evidence, tmp_path, monkeypatch):
     runs = {}
     for seed in range(4):
-        for arm, gain in (("clip", 0.0), ("cispo", 0.1), ("dppo_binary", 0.05), ("dppo_topk", -0.02)):
+        for arm, gain in (
+            ("clip", 0.0),
+            ("clip_sampler", 0.0),
+            ("cispo", 0.1),
+            ("dppo_binary", 0.05),
+            ("dppo_topk", -0.02),
+        ):
             runs[f"async_k8/{arm}/{seed}/4000"] = _run("async_k8", arm, seed, 0.3 + gain + 0.01 * seed, 0.6 + gain)
     path = tmp_path / "runs.json"
     path.write_text(json.dumps(runs))
@@ -99,21 +133,28 @@ def test_summary_pairs_each_comparison_by_seed_and_fits_each_arms_curves(evidenc
     monkeypatch.setattr(evidence, "record", lambda section, table: recorded.update({section: table}))
     monkeypatch.setattr(evidence, "_write_docs_table", lambda table: recorded.update({"docs": table}))
     table = evidence.main(["--summarize"])
-    assert table in recorded.values() and recorded["docs"] in table
+    assert table in recorded.values()
     rows = [line for line in table.splitlines() if line.startswith("| async_k8 |")]
     comparisons = [row for row in rows if " − " in row]
-    assert len(comparisons) == 3
-    cispo = next(row for row in comparisons if "cispo − clip" in row)
+    assert len(comparisons) == 7
+    cispo = next(row for row in comparisons if "cispo − clip_sampler" in row)
     assert "+0.100" in cispo and "| 4 |" in cispo and "reproduces at 4 seeds" in cispo
-    topk = next(row for row in comparisons if "dppo_topk − clip" in row)
+    topk = next(row for row in comparisons if "dppo_topk − clip_sampler" in row)
     assert "opposite at 4 seeds" in topk
+    # against TRL's objective no paper claimed anything: the verdict only says which arm is higher
+    topk_trl = next(row for row in comparisons if "dppo_topk − clip |" in row)
+    assert "A lower at 4 seeds" in topk_trl and "opposite" not in topk_trl
+    # the docs' narrow table has the same rows: the claim tested, the effect with its interval, the verdict
+    docs = recorded["docs"].splitlines()
+    assert len(docs) == 2 + 7 and all(line.count("|") == 7 for line in docs)
+    assert any(line.startswith("| DPPO top-K TV over its baseline") and "opposite at 4 seeds" in line for line in docs)
     fits = evidence.curve_fits(runs, 4000)
-    assert set(fits) == {("async_k8", arm) for arm in ("clip", "cispo", "dppo_binary", "dppo_topk")}
+    assert set(fits) == {("async_k8", arm) for arm in ("clip", "clip_sampler", "cispo", "dppo_binary", "dppo_topk")}
     asymptote = sum(fit.A for fit, _ in fits[("async_k8", "cispo")]) / 4
     assert math.isclose(asymptote, 0.7, abs_tol=0.05)
     assert (tmp_path / "effects.png").exists() and (tmp_path / "curves.png").exists()
     # Seeds 4-7 of async_k8's four arms and every other claim's runs are still to do, and the summary says so.
-    assert "more runs (maxrl_passk 16, " in table and "async_k8 16" in table
+    assert "more runs (maxrl_passk 16, " in table and "async_k8 20" in table and "async_k8_long 20" in table
     assert "Every recorded run kept its curve." in table
 
 
@@ -121,8 +162,9 @@ def test_summary_names_runs_without_curves_and_says_when_every_seed_is_in(eviden
     runs = {}
     for claim, spec in evidence.CLAIMS.items():
         for arm in spec["arms"]:
-            for seed in range(8):
-                runs[f"{claim}/{arm}/{seed}/4000"] = _run(claim, arm, seed, 0.3, 0.6)
+            budget = evidence.claim_budget(claim, 4000)[1]
+            for seed in range(spec.get("seeds", 8)):
+                runs[f"{claim}/{arm}/{seed}/{budget}"] = {**_run(claim, arm, seed, 0.3, 0.6), "budget": budget}
     for seed in (0, 1, 2, 5):
         del runs[f"maxrl_passk/grpo/{seed}/4000"]["curve"]
     path = tmp_path / "runs.json"
@@ -133,7 +175,7 @@ def test_summary_names_runs_without_curves_and_says_when_every_seed_is_in(eviden
     monkeypatch.setattr(evidence, "record", lambda section, table: None)
     monkeypatch.setattr(evidence, "_write_docs_table", lambda table: None)
     table = evidence.main(["--summarize"])
-    assert "Every arm of every claim has its 8 seeds" in table and "more runs" not in table
+    assert "Every arm of every claim has its seeds" in table and "more runs" not in table
     assert "not in this table: maxrl_passk/grpo seeds 0-2, 5." in table
     grpo_fits = next(line for line in table.splitlines() if line.startswith("| maxrl_passk | grpo |"))
     assert grpo_fits.split("|")[3].strip() == "4"

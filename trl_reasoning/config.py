@@ -21,7 +21,7 @@ from trl import GRPOConfig
 
 from .algorithms.advantages import ADVANTAGE_ESTIMATORS
 from .algorithms.aggregation import AGGREGATIONS
-from .algorithms.anchors import DECOUPLED_CORRECTION_MODE, check_anchor, default_anchor
+from .algorithms.anchors import resolve_anchor
 from .algorithms.group_selection import GROUP_SELECTIONS, resolve_group_selection
 from .algorithms.importance_sampling import ICEPOP_BAND, ICEPOP_MODE
 from .algorithms.importance_sampling import check_mode as check_importance_sampling_mode
@@ -774,30 +774,19 @@ class ReasoningConfig(GRPOConfig):
     def _resolve_ratio_anchor(self) -> None:
         """``ratio_anchor`` checked against the objective's declared anchors, and ``None`` resolved where the run's
         synchrony is known (``async_rollouts`` ``True`` or ``False``; ``None`` is resolved by the trainer).
-        ``"decoupled"`` runs TRL's correction in AReaL's per-token truncation."""
-        supported = ratio_anchors(self.policy_loss)
-        if self.ratio_anchor is None:
-            if self.async_rollouts is not None:
-                self.ratio_anchor = default_anchor(supported, async_anchor(self.policy_loss), self.async_rollouts)
+        ``"decoupled"`` runs TRL's correction in AReaL's per-token truncation (``resolve_anchor``)."""
+        if self.ratio_anchor is None and self.async_rollouts is None:
             return
-        check_anchor(self.ratio_anchor, supported, self.policy_loss)
-        if self.ratio_anchor != "decoupled":
-            return
-        if not self.vllm_importance_sampling_correction:
-            raise ValueError(
-                "ratio_anchor='decoupled' weighs each token by min(pi_prox / mu, C), TRL's importance-sampling "
-                "correction: set vllm_importance_sampling_correction=True, or ratio_anchor='sampler'."
-            )
-        trl_mode = GRPOConfig.__dataclass_fields__["vllm_importance_sampling_mode"].default
-        if self.vllm_importance_sampling_mode == trl_mode:
-            self.vllm_importance_sampling_mode = DECOUPLED_CORRECTION_MODE
-        elif self.vllm_importance_sampling_mode != DECOUPLED_CORRECTION_MODE:
-            raise ValueError(
-                f"ratio_anchor='decoupled' weighs each token by min(pi_prox / mu, C) (AReaL's objective, "
-                f"vllm_importance_sampling_mode={DECOUPLED_CORRECTION_MODE!r}), not by "
-                f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r}. Drop "
-                "vllm_importance_sampling_mode, or use ratio_anchor='pi_old' with that correction."
-            )
+        self.ratio_anchor, self.vllm_importance_sampling_mode = resolve_anchor(
+            self.ratio_anchor,
+            ratio_anchors(self.policy_loss),
+            async_anchor(self.policy_loss),
+            bool(self.async_rollouts),
+            policy_loss=self.policy_loss,
+            correction=self.vllm_importance_sampling_correction,
+            mode=self.vllm_importance_sampling_mode,
+            trl_default_mode=GRPOConfig.__dataclass_fields__["vllm_importance_sampling_mode"].default,
+        )
 
     def _validate_reward_fields(self) -> None:
         """Reward functions, their errors, and what counts as a task reward and a pass."""

@@ -274,3 +274,34 @@ def test_a_correction_mode_the_sampler_s_ratio_makes_moot_is_named_once(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _trainer(tiny_model_path, tmp_path / "default", config_cls, trainer_cls, async_rollouts=True)
+
+
+def test_a_decoupled_default_yields_to_a_correction_the_user_chose():
+    """Where an objective's asynchronous default is the decoupled anchor, it runs AReaL's per-token truncation; a user
+    who turned the correction off or chose another mode keeps that choice on TRL's objective instead (asked for by
+    name, the same is an error: see test_decoupled_runs_areal_s_per_token_truncation)."""
+    from trl_reasoning.algorithms.anchors import resolve_anchor
+
+    common = dict(policy_loss="clip", trl_default_mode="sequence_mask")
+    supported = ("pi_old", "sampler", "decoupled")
+    resolve = resolve_anchor
+    assert resolve(None, supported, "decoupled", True, correction=True, mode="sequence_mask", **common) == (
+        "decoupled",
+        "token_truncate",
+    )
+    assert resolve(None, supported, "decoupled", True, correction=False, mode="sequence_mask", **common) == (
+        "pi_old",
+        "sequence_mask",
+    )
+    assert resolve(None, supported, "decoupled", True, correction=True, mode="token_mask", **common) == (
+        "pi_old",
+        "token_mask",
+    )
+    assert resolve(None, supported, "decoupled", False, correction=True, mode="sequence_mask", **common) == (
+        "pi_old",
+        "sequence_mask",
+    )
+    assert resolve(None, ("sampler",), "sampler", False, correction=True, mode="token_mask", **common) == (
+        "sampler",
+        "token_mask",
+    )

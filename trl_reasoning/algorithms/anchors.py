@@ -53,3 +53,43 @@ def default_anchor(supported: tuple[str, ...], async_anchor: str | None, asynchr
     run, TRL's ``"pi_old"`` otherwise; an objective that does not define that anchor takes its first one."""
     wanted = (async_anchor or TRL_ANCHOR) if asynchronous else TRL_ANCHOR
     return wanted if wanted in supported else supported[0]
+
+
+def resolve_anchor(
+    requested: str | None,
+    supported: tuple[str, ...],
+    async_default: str | None,
+    asynchronous: bool,
+    *,
+    policy_loss: str,
+    correction: bool,
+    mode: str,
+    trl_default_mode: str,
+) -> tuple[str, str]:
+    """``(anchor, correction mode)`` of a run: ``requested`` checked, or ``None`` resolved (:func:`default_anchor`).
+
+    ``"decoupled"`` weighs each token by TRL's correction in AReaL's per-token truncation (``token_truncate``): asked
+    for by name, it needs the correction on and a mode left at TRL's default or ``token_truncate`` (errors naming
+    the fields); reached as a default where the user turned the correction off or chose another mode, the run keeps
+    TRL's objective with that choice (``"pi_old"``) instead."""
+    if requested is None:
+        anchor = default_anchor(supported, async_default, asynchronous)
+        user_correction = not correction or mode not in (trl_default_mode, DECOUPLED_CORRECTION_MODE)
+        if anchor == "decoupled" and user_correction:
+            anchor = TRL_ANCHOR if TRL_ANCHOR in supported else supported[0]
+    else:
+        check_anchor(requested, supported, policy_loss)
+        anchor = requested
+        if anchor == "decoupled" and not correction:
+            raise ValueError(
+                "ratio_anchor='decoupled' weighs each token by min(pi_prox / mu, C), TRL's importance-sampling "
+                "correction: set vllm_importance_sampling_correction=True, or ratio_anchor='sampler'."
+            )
+        if anchor == "decoupled" and mode not in (trl_default_mode, DECOUPLED_CORRECTION_MODE):
+            raise ValueError(
+                f"ratio_anchor='decoupled' weighs each token by min(pi_prox / mu, C) (AReaL's objective, "
+                f"vllm_importance_sampling_mode={DECOUPLED_CORRECTION_MODE!r}), not by "
+                f"vllm_importance_sampling_mode={mode!r}. Drop vllm_importance_sampling_mode, or use "
+                "ratio_anchor='pi_old' with that correction."
+            )
+    return anchor, DECOUPLED_CORRECTION_MODE if anchor == "decoupled" else mode

@@ -50,7 +50,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from ..algorithms.aggregation import AGGREGATIONS, aggregate_loss, completion_weights
-from ..algorithms.anchors import default_anchor
+from ..algorithms.anchors import resolve_anchor
 from ..algorithms.batch import TrainBatch
 from ..algorithms.group_selection import RetiredPrompts
 from ..algorithms.importance_sampling import (
@@ -455,7 +455,18 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         args, asynchronous = self.args, self.async_rollouts is not None
         loss = args.policy_loss
         if args.ratio_anchor is None:
-            args.ratio_anchor = default_anchor(ratio_anchors(loss), async_anchor(loss), asynchronous)
+            args.ratio_anchor, mode = resolve_anchor(
+                None,
+                ratio_anchors(loss),
+                async_anchor(loss),
+                asynchronous,
+                policy_loss=loss,
+                correction=args.vllm_importance_sampling_correction,
+                mode=args.vllm_importance_sampling_mode,
+                trl_default_mode=TRL_DEFAULT_CORRECTION_MODE,
+            )
+            # TRL copied the mode onto the trainer in its __init__: the decoupled anchor's truncation goes on both
+            args.vllm_importance_sampling_mode = self.vllm_importance_sampling_mode = mode
         if asynchronous and args.ratio_anchor == "pi_old" and not POLICY_LOSSES.trait(loss, "own_is_correction"):
             steps = args.steps_per_generation * self.num_iterations
             where = (
