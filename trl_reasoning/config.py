@@ -227,8 +227,9 @@ class ReasoningConfig(GRPOConfig):
             `"decoupled"`: AReaL's decoupled objective, the clip on `π_θ / π_prox` times `min(π_prox / μ, C)` per token
             (TRL's correction in `"token_truncate"` mode, `C = vllm_importance_sampling_clip_max`). `None`: `"pi_old"`
             on a synchronous run (TRL's objective, so a swap from `GRPOTrainer` trains as before), the objective's
-            declared asynchronous anchor on an asynchronous one (`"sampler"` for every ratio-based objective but
-            VESPO, whose weight already folds in `π_old / μ`); DPPO's ratio and mask are always the sampler's.
+            declared asynchronous anchor on an asynchronous one (`"decoupled"` for the clip, GSPO, RLOO's sequence
+            clip and SAPO, unless the correction was turned off or given another mode; `"sampler"` for CISPO and
+            DPPO, whose ratio and mask are the sampler's; `"pi_old"` for VESPO, whose weight folds in `π_old / μ`).
             Resolved at construction where `async_rollouts` is `True` or `False`, by the trainer where it is `None`.
         importance_sampling_pi_old_from_loss (`bool`, *optional*, defaults to `True`):
             Where `π_old` of the importance-sampling correction between `π_old` and the sampler `μ` (vLLM or
@@ -408,7 +409,7 @@ class ReasoningConfig(GRPOConfig):
             "help": "What the objective's ratio is taken against: 'pi_old' (TRL's, with its correction pi_old / mu), "
             "'sampler' (pi / mu, the policy that sampled: verl's bypass mode) or 'decoupled' (AReaL: clip on "
             "pi / pi_prox, weight min(pi_prox / mu, C)). None = 'pi_old' when synchronous, the objective's declared "
-            "anchor ('sampler' for the clip) with async_rollouts."
+            "anchor with async_rollouts ('decoupled' for the clip, 'sampler' for CISPO and DPPO)."
         },
     )
     importance_sampling_pi_old_from_loss: bool = field(

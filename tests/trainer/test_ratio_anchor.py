@@ -41,16 +41,17 @@ def test_every_ratio_based_loss_declares_its_anchors_and_its_asynchronous_defaul
         default = POLICY_LOSSES.trait(name, "async_anchor")
         assert default in anchors, f"{name}: its asynchronous anchor {default!r} is not one of its anchors"
     assert ratio_anchors("dppo") == ("sampler",)  # DPPO's ratio and mask are the sampler's by definition
-    # every objective with a clip or a gate acts against the sampler by default on an asynchronous run; VESPO's
-    # weight already multiplies in pi_old / mu
+    # on an asynchronous run the clipped and gated objectives take AReaL's decoupled form (each token weighted by
+    # min(pi_old / mu, C)), CISPO and DPPO their own ratio to the sampler; VESPO's weight already multiplies in
+    # pi_old / mu
     assert {name: POLICY_LOSSES.trait(name, "async_anchor") for name in POLICY_LOSSES.names()} == {
-        "clip": "sampler",
+        "clip": "decoupled",
         "cispo": "sampler",
-        "sapo": "sampler",
+        "sapo": "decoupled",
         "vespo": "pi_old",
         "dppo": "sampler",
-        "sequence_clip": "sampler",
-        "gspo": "sampler",
+        "sequence_clip": "decoupled",
+        "gspo": "decoupled",
     }
 
 
@@ -61,7 +62,9 @@ def test_every_ratio_based_loss_declares_its_anchors_and_its_asynchronous_defaul
     ("settings", "want"),
     [
         (dict(), "pi_old"),  # synchronous: TRL's objective
-        (dict(use_vllm=False, async_rollouts=True), "sampler"),
+        (dict(use_vllm=False, async_rollouts=True), "decoupled"),
+        (dict(async_rollouts=True, policy_loss="cispo", epsilon_high=5.0), "sampler"),
+        (dict(async_rollouts=True, vllm_importance_sampling_mode="token_mask"), "pi_old"),  # the user's correction
         (dict(async_rollouts=True, policy_loss="vespo"), "pi_old"),
         (dict(async_rollouts=False, policy_loss="dppo"), "sampler"),
         (dict(async_rollouts=True, ratio_anchor="pi_old"), "pi_old"),
@@ -102,7 +105,7 @@ def test_the_help_names_verl_s_bypass_mode():
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda preset: preset.name)
-def test_every_preset_acts_against_the_sampler_when_asynchronous_and_keeps_trl_s_objective_when_not(
+def test_every_preset_bounds_the_sampler_when_asynchronous_and_keeps_trl_s_objective_when_not(
     preset, tiny_model_path, tmp_path
 ):
     extra = {"epsilon_high": 5.0} if preset.config_class.__dataclass_fields__["policy_loss"].default == "cispo" else {}
@@ -113,15 +116,26 @@ def test_every_preset_acts_against_the_sampler_when_asynchronous_and_keeps_trl_s
         tiny_model_path, tmp_path / "s", preset.config_class, preset.trainer_class, async_rollouts=False, **extra
     )
     loss = asynchronous.args.policy_loss
-    assert asynchronous.args.ratio_anchor == POLICY_LOSSES.trait(loss, "async_anchor") == "sampler"
+    assert asynchronous.args.ratio_anchor == POLICY_LOSSES.trait(loss, "async_anchor")
     assert synchronous.args.ratio_anchor == ("sampler" if loss == "dppo" else "pi_old")
-    # the sampler's ratio carries no second correction: TRL is not asked to build one
-    assert asynchronous._correction_source is None and not asynchronous._uses_trl_is_ratio()
+    if asynchronous.args.ratio_anchor == "sampler":  # CISPO, DPPO: no second correction, TRL is not asked for one
+        assert asynchronous._correction_source is None and not asynchronous._uses_trl_is_ratio()
+    else:  # the clip family: AReaL's min(pi_prox / mu, C) per token, in the loss from its own forward where exact
+        assert asynchronous.args.ratio_anchor == "decoupled"
+        assert asynchronous.vllm_importance_sampling_mode == "token_truncate"
+        args = asynchronous.args
+        one_update = args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0
+        assert asynchronous._correction_source == ("loss" if one_update else "trl")
 
 
-def test_scalerl_s_async_default_is_resolved_by_the_trainer(tiny_model_path, tmp_path):
-    trainer = _trainer(tiny_model_path, tmp_path, tr.ScaleRLConfig, tr.ScaleRLTrainer, max_steps=1)
+def test_an_async_default_left_to_the_trainer_is_resolved_there(tiny_model_path, tmp_path):
+    trainer = _trainer(tiny_model_path, tmp_path / "s", tr.ScaleRLConfig, tr.ScaleRLTrainer, max_steps=1)
     assert trainer.async_rollouts is not None and trainer.args.ratio_anchor == "sampler"
+    trainer = _trainer(tiny_model_path, tmp_path / "d", tr.DAPOConfig, tr.DAPOTrainer, async_rollouts=None)
+    assert trainer.async_rollouts is not None and trainer.args.ratio_anchor == "decoupled"
+    # the decoupled anchor's truncation reaches TRL's copy of the mode and the correction's metrics
+    assert trainer.vllm_importance_sampling_mode == trainer.args.vllm_importance_sampling_mode == "token_truncate"
+    assert trainer._correction_stats["train"].mode == "token_truncate"
 
 
 def test_an_asynchronous_run_without_a_trust_region_against_the_sampler_says_so_once(tiny_model_path, tmp_path):
@@ -148,9 +162,16 @@ def _float64_clip_on_sampler(logps, mu, advantages, mask, low=0.2, high=0.28):
 
 
 def test_at_lag_2_the_clip_on_the_sampler_acts_and_equals_a_float64_reference(tiny_model_path, tmp_path):
-    trainer = _trainer(tiny_model_path, tmp_path, async_rollouts=True, max_staleness=2, max_steps=4, epsilon_high=0.28)
+    trainer = _trainer(
+        tiny_model_path,
+        tmp_path,
+        async_rollouts=True,
+        max_staleness=2,
+        max_steps=4,
+        epsilon_high=0.28,
+        ratio_anchor="sampler",
+    )
     trainer.train()
-    assert trainer.args.ratio_anchor == "sampler"
     # the clip acted during training: its ratio is to the policy of two steps earlier, not to the learner itself
     assert max(logged_metric(trainer, "clip_ratio/region_mean")[2:]) > 0
     inputs = generate_batch(trainer)  # sampled by the weights of two optimizer steps earlier

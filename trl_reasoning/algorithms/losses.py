@@ -156,10 +156,12 @@ def check_clip_bounds(config: Any) -> None:
 
 # sequence_level: importance_sampling_level="sequence" gives it one ratio per sequence (TRL's option).
 # anchors: what its ratio can be taken against (trl_reasoning.algorithms.anchors); async_anchor: the one it takes on an
-# asynchronous run when ratio_anchor is None. The clip takes the sampler there, so that it acts against the policy
-# that sampled (the DPPO paper's GRPO baseline, verl's bypass mode); against pi_old it never acts at one step a batch.
+# asynchronous run when ratio_anchor is None. The clip takes AReaL's decoupled form there: against pi_old alone it
+# never acts at one step a batch and nothing bounds the stale sampler's weight; against the sampler it blocked so
+# many stale tokens that it trained worse (evidence v5, async_k8: clip_sampler - clip -0.14 pass@1); decoupled, each
+# token is weighted by min(pi_old / mu, C) and the clip bounds the steps a batch feeds (docs/which-preset.md).
 @POLICY_LOSSES.register(
-    "clip", sequence_level=True, anchors=RATIO_ANCHORS, async_anchor="sampler", checks=(check_clip_bounds,)
+    "clip", sequence_level=True, anchors=RATIO_ANCHORS, async_anchor="decoupled", checks=(check_clip_bounds,)
 )
 def clip_loss(
     logps: torch.Tensor,
@@ -248,7 +250,12 @@ _SAPO_FIELDS = (
 
 
 @POLICY_LOSSES.register(
-    "sapo", sequence_level=True, anchors=RATIO_ANCHORS, async_anchor="sampler", ignores_delta=True, fields=_SAPO_FIELDS
+    "sapo",
+    sequence_level=True,
+    anchors=RATIO_ANCHORS,
+    async_anchor="decoupled",
+    ignores_delta=True,
+    fields=_SAPO_FIELDS,
 )
 def sapo_loss(
     logps: torch.Tensor,
@@ -540,7 +547,7 @@ def _sequence_log_ratio_sum(logps: torch.Tensor, old_logps: torch.Tensor, mask: 
     return ((logps - old_logps) * mask).sum(dim=-1, keepdim=True)
 
 
-@POLICY_LOSSES.register("sequence_clip", anchors=RATIO_ANCHORS, async_anchor="sampler")
+@POLICY_LOSSES.register("sequence_clip", anchors=RATIO_ANCHORS, async_anchor="decoupled")
 def sequence_clip_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -570,7 +577,7 @@ def sequence_clip_loss(
     sequence_ratio_of="clip",
     default_aggregation="seq_mean_token_mean",
     anchors=RATIO_ANCHORS,
-    async_anchor="sampler",
+    async_anchor="decoupled",
     checks=(check_clip_bounds,),
 )
 def gspo_loss(
