@@ -34,6 +34,16 @@ PRESET_DEFAULTS = {
         "cast_lm_head_to_fp32": (True, "MiniMax-M1 §3.2"),
         "beta": (0.0, "MiniMax-M1 §3.1"),
     },
+    tr.GSPOConfig: {
+        "advantage_estimator": ("grpo", "GSPO §4.1 Eq. 6"),
+        "policy_loss": ("gspo", "GSPO §4.1 Eq. 5 and 7"),
+        "epsilon": (3e-4, "GSPO §5.1"),
+        "epsilon_high": (4e-4, "GSPO §5.1"),
+        "loss_aggregation": ("seq_mean_token_mean", 'TRL\'s paper index `loss_type="grpo"`'),
+        "beta": (0.0, "GSPO §4.1 Eq. 5"),
+        "gradient_accumulation_steps": (1, "TRL's paper index `gradient_accumulation_steps=1`"),
+        "steps_per_generation": (4, "GSPO §5.1"),
+    },
     tr.DPPOConfig: {
         "advantage_estimator": ("dr_grpo", "norm_adv_by_std_in_grpo=False"),  # run_qwen30b_dppo.sh
         "policy_loss": ("dppo", "DPPO §4.3 Eq. 12"),
@@ -85,6 +95,8 @@ PRESET_DEFAULTS = {
 DERIVED_DEFAULTS = {
     tr.DAPOConfig: dict(loss_type="dapo", scale_rewards="group", overlong_cache_length=102),
     tr.CISPOConfig: dict(loss_type="cispo", overlong_cache_length=102),  # 20% of TRL's 512 tokens
+    # TRL's documented GSPO recipe: its loss_type and sequence-level ratio; 8 completions x 4 micro-batches per rollout
+    tr.GSPOConfig: dict(loss_type="grpo", importance_sampling_level="sequence", generation_batch_size=32),
     tr.DPPOConfig: dict(loss_type=None),
     tr.MaxRLConfig: dict(scale_rewards="none", epsilon_high=None),
     tr.DrGRPOConfig: dict(loss_type="dr_grpo", scale_rewards="none"),
@@ -131,6 +143,16 @@ def test_dapo_overlong_cache_defaults_to_20_percent_of_max_length():
     assert make(tr.DAPOConfig, max_completion_length=20480).overlong_cache_length == 4096  # the paper's setting
     assert make(tr.DAPOConfig, overlong_cache_length=None).overlong_cache_length is None
     assert make(tr.DAPOConfig, overlong_cache_length="5").overlong_cache_length == 5  # CLI strings
+
+
+def test_gspo_trains_each_rollout_as_four_steps_unless_a_generation_batch_size_is_set():
+    default = make(tr.GSPOConfig)  # cpu_args: 8 completions a micro-batch
+    assert (default.steps_per_generation, default.generation_batch_size) == (4, 32)
+    # TRL refuses both fields together; the preset's 4 gives way to a generation batch the user sets
+    config = make(tr.GSPOConfig, generation_batch_size=16)
+    assert (config.steps_per_generation, config.generation_batch_size) == (2, 16)
+    with pytest.raises(ValueError, match="can not be both configured"):
+        make(tr.GSPOConfig, generation_batch_size=16, steps_per_generation=2)
 
 
 def test_dppo_kl_takes_its_own_default_threshold():

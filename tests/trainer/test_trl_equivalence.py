@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import cpu_args, digit_fraction, generate_batch, make_prompts
+from conftest import cpu_args, digit_fraction, generate_batch, logged_metric, make_prompts
 from trl import GRPOConfig, GRPOTrainer
 from trl import RLOOConfig as TRLRLOOConfig
 from trl import RLOOTrainer as TRLRLOOTrainer
@@ -312,3 +312,50 @@ def test_a_training_step_with_gradient_accumulation_matches_trl(loss_type, tiny_
         torch.testing.assert_close(p_ours, p_theirs, rtol=1e-5, atol=1e-6)
         moved = moved or not torch.equal(p0, p_ours)
     assert moved, "the step did not change the parameters: the comparison is vacuous"
+
+
+#: TRL's documented recipe for the GSPO paper's setting (TRL 1.16 docs, paper index, "Group Sequence Policy
+#: Optimization"), as a `trl.GRPOConfig`: what `GSPOConfig()` must train with no argument changed.
+TRL_GSPO_RECIPE = dict(
+    importance_sampling_level="sequence",
+    loss_type="grpo",
+    beta=0.0,
+    epsilon=3e-4,
+    epsilon_high=4e-4,
+    gradient_accumulation_steps=1,
+    steps_per_generation=4,
+)
+
+
+def test_gspo_preset_trains_as_trl_s_documented_gspo_recipe(tiny_model_path, tmp_path):
+    """Two optimizer steps of `GSPOConfig()` and of TRL's GSPO recipe give the same parameters. The second step
+    trains the rollout's second micro-batch with the weights the first step moved (and `num_iterations=2` keeps
+    `pi_old` as TRL computes it), so the sequence ratio leaves 1 and its clip at 3e-4 / 4e-4 acts."""
+    dataset = make_prompts()
+    common = dict(max_steps=2, num_iterations=2, optim="sgd", learning_rate=1.0)
+    ours = tr.GSPOTrainer(
+        model=tiny_model_path,
+        reward_funcs=digit_fraction,
+        args=tr.GSPOConfig(**cpu_args(output_dir=str(tmp_path / "ours"), **common)),
+        train_dataset=dataset,
+    )
+    theirs = GRPOTrainer(
+        model=tiny_model_path,
+        reward_funcs=digit_fraction,
+        args=GRPOConfig(**cpu_args(output_dir=str(tmp_path / "trl"), **common, **TRL_GSPO_RECIPE)),
+        train_dataset=dataset,
+    )
+    assert {name: getattr(ours.args, name) for name in TRL_GSPO_RECIPE} == TRL_GSPO_RECIPE
+    before = [p.detach().clone() for p in ours.model.parameters()]
+    for trainer in (ours, theirs):
+        torch.manual_seed(5)
+        trainer.train()
+    moved = False
+    for p0, p_ours, p_theirs in zip(before, ours.model.parameters(), theirs.model.parameters(), strict=True):
+        torch.testing.assert_close(p_ours, p_theirs, rtol=0, atol=1e-6)
+        moved = moved or not torch.equal(p0, p_ours)
+    assert moved, "the steps did not change the parameters: the comparison is vacuous"
+    # the second step is off-policy and sequence ratios leave [1 - 3e-4, 1 + 4e-4]: the clip acts, on the same ones
+    clipped = logged_metric(theirs, "clip_ratio/region_mean")
+    assert clipped[0] == 0 and clipped[-1] > 0, clipped
+    assert logged_metric(ours, "clip_ratio/region_mean") == pytest.approx(clipped)

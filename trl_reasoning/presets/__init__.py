@@ -18,6 +18,7 @@ from .cispo import CISPOConfig, CISPOTrainer
 from .dapo import DAPOConfig, DAPOTrainer
 from .dppo import DPPOConfig, DPPOTrainer
 from .dr_grpo import DrGRPOConfig, DrGRPOTrainer
+from .gspo import GSPOConfig, GSPOTrainer
 from .maxrl import MaxRLConfig, MaxRLTrainer
 from .rloo import RLOOConfig, RLOOTrainer
 from .scalerl import ScaleRLConfig, ScaleRLTrainer
@@ -72,6 +73,7 @@ class Preset:
 PRESETS: tuple[Preset, ...] = (
     Preset(DAPOTrainer, "clip-higher, token-mean loss, dynamic sampling, soft overlong punishment"),
     Preset(CISPOTrainer, "clipped importance-sampling weights: every token keeps its gradient (MiniMax-M1's recipe)"),
+    Preset(GSPOTrainer, "one length-normalised importance ratio per sequence, clipped per sequence (Qwen3's RL)"),
     Preset(DPPOTrainer, "a trust region on the estimated policy divergence instead of ratio clipping"),
     Preset(MaxRLTrainer, "advantages normalized by the group's success rate (binary rewards)"),
     Preset(RLOOTrainer, "REINFORCE leave-one-out, TRL's `RLOOTrainer` math, KL in the reward"),
@@ -91,6 +93,8 @@ __all__ = [
     "DPPOTrainer",
     "DrGRPOConfig",
     "DrGRPOTrainer",
+    "GSPOConfig",
+    "GSPOTrainer",
     "MaxRLConfig",
     "MaxRLTrainer",
     "RLOOConfig",
