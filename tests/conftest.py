@@ -128,6 +128,12 @@ def preset_id(entry: tr.Preset) -> str:
     return entry.config_class.__name__.removesuffix("Config")
 
 
+def steps_per_rollout(config_cls: type) -> int:
+    """The optimizer steps one rollout batch feeds under a config's defaults (`gradient_accumulation_steps=1`, as in
+    `cpu_args`): GSPO's `steps_per_generation=4` (the paper's four minibatches), 1 for the other presets."""
+    return config_cls.__dataclass_fields__["steps_per_generation"].default or 1
+
+
 def preset_reward(entry: tr.Preset):
     """The reward the tests train a preset with: MaxRL's estimator divides by the group's success rate, so its reward
     must be binary (`has_digit`); every other preset gets the graded `digit_fraction`."""

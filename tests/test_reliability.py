@@ -36,6 +36,7 @@ from conftest import (
     make_prompts,
     message_text,
     preset_id,
+    steps_per_rollout,
 )
 from datasets import Dataset, IterableDataset
 from transformers import AutoTokenizer, TrainerCallback
@@ -500,7 +501,8 @@ INVALID_FIELDS = [
     ("epsilon", -0.1, r"epsilon must be >= 0"),
     ("overlong_cache_length", 13, r"overlong_cache_length=13 must not exceed max_completion_length=12"),
     ("overlong_cache_length", "half", r"overlong_cache_length must be a positive int, 'auto' or None"),
-    ("num_generations", 3, r"generation_batch_size \(8\) must be divisible by num_generations \(3\)"),
+    # 8 completions per generation batch (GSPO's: 32, four micro-batches of 8)
+    ("num_generations", 3, r"generation_batch_size \((8|32)\) must be divisible by num_generations \(3\)"),
     ("num_generations", 1, r"num_generations=1 is too small"),
 ]
 CONFIG_ROWS = [
@@ -672,7 +674,10 @@ def test_nonfinite_loss_beyond_patience_raises(tiny_model_path, tmp_path):
 def _preset_run(name, model_path, output_dir, stop_at=None, resume=None):
     trainer_cls = getattr(tr, f"{name}Trainer")
     # 4 prompts, 2 a step (an epoch is 2 steps). By the checkpoint at step 4, ScaleRL has retired a prompt (in epoch
-    # 1, so epoch 2 skips it) and DAPO's dynamic sampling has drawn extra prompts from its stream.
+    # 1, so epoch 2 skips it) and DAPO's dynamic sampling has drawn extra prompts from its stream. A preset that trains
+    # each rollout batch as several steps (GSPO: 4) takes that many times fewer completions a step, so a rollout is
+    # still 2 prompts (an epoch is 2 rollouts) and the checkpoint at step 4 lies between GSPO's two rollouts.
+    steps = steps_per_rollout(trainer_cls.config_class)
     trainer = _trainer(
         model_path,
         output_dir,
@@ -681,6 +686,7 @@ def _preset_run(name, model_path, output_dir, stop_at=None, resume=None):
         dataset=make_prompts(4),
         max_steps=6,
         max_completion_length=8,
+        per_device_train_batch_size=8 // steps,
         # ScaleRL synchronous here: with its default k = 8 every batch of this 6-step run is sampled by the initial
         # weights, which never reach the pass rate that retires a prompt (the asynchronous resume with retirement is
         # tests/journeys/test_two_processes.py's).

@@ -27,6 +27,7 @@ from conftest import (
     logps_under,
     lora_config,
     make_prompts,
+    steps_per_rollout,
 )
 from transformers import AutoModelForCausalLM, TrainerCallback
 
@@ -284,7 +285,10 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tiny_model_path, tmp_path):
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_every_preset_trains_asynchronously(name, tiny_model_path, tmp_path):
     trainer_cls, config_cls, reward = PRESETS[name]
-    args = config_cls(**cpu_args(output_dir=str(tmp_path), async_rollouts=True, max_staleness=1, max_steps=3))
+    # three generation steps: a preset that trains each rollout batch as several optimizer steps (GSPO: 4) samples
+    # once every that many steps
+    steps = 3 * steps_per_rollout(config_cls)
+    args = config_cls(**cpu_args(output_dir=str(tmp_path), async_rollouts=True, max_staleness=1, max_steps=steps))
     trainer = trainer_cls(model=tiny_model_path, reward_funcs=reward, args=args, train_dataset=tr_prompts())
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import torch
-from conftest import PRESETS, cpu_args, lora_config  # noqa: F401  (re-exported to the journeys)
+from conftest import PRESETS, cpu_args, lora_config, steps_per_rollout  # noqa: F401  (re-exported to the journeys)
 
 #: The cadence of every journey: checkpoints at 2 and 4, and the run goes on to 5 (past each of them).
 MAX_STEPS = 5
@@ -34,6 +34,14 @@ def journey_args(output_dir, **overrides) -> dict:
     kwargs = dict(save_strategy="steps", save_steps=SAVE_STEPS, max_steps=MAX_STEPS)
     kwargs.update(overrides)
     return cpu_args(output_dir=str(output_dir), **kwargs)
+
+
+def rollout_args(config_cls: type, steps: int | None = None) -> dict:
+    """Batch settings that keep a journey's rollout batch at 8 completions (2 prompts of `cpu_args`' 4 generations)
+    when one rollout feeds several optimizer steps: ``steps`` (the preset's own by default, GSPO's 4) micro-batches of
+    ``8 // steps`` completions. Nothing for a preset that samples every step."""
+    steps = steps or steps_per_rollout(config_cls)
+    return {} if steps == 1 else {"steps_per_generation": steps, "per_device_train_batch_size": 8 // steps}
 
 
 def trainable_snapshot(model) -> dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ from journeys._helpers import (
     lora_config,
     moved_parameters,
     qlora_model_init_kwargs,
+    rollout_args,
     step_losses,
     trainable_snapshot,
 )
@@ -31,8 +32,9 @@ VARIANTS = ("full", "lora", "qlora")
 def _build(name, variant, model_path, output_dir):
     trainer_cls, config_cls, reward = PRESETS[name]
     extra = {"model_init_kwargs": qlora_model_init_kwargs()} if variant == "qlora" else {}
-    # 6 prompts, 2 a step: an epoch is 3 steps, so checkpoint-4 sits in the middle of the second epoch.
-    args = config_cls(**journey_args(output_dir, max_completion_length=8), **extra)
+    # 6 prompts, 2 a step: an epoch is 3 steps, so checkpoint-4 sits in the middle of the second epoch. GSPO: 2
+    # prompts a rollout of 4 steps (an epoch is 12 steps), so checkpoint-4 sits between its first two rollouts.
+    args = config_cls(**journey_args(output_dir, max_completion_length=8, **rollout_args(config_cls)), **extra)
     return trainer_cls(
         model=model_path,
         reward_funcs=reward,

@@ -17,7 +17,9 @@ from journeys._helpers import (
     checkpoint_global_step,
     checkpoint_steps,
     journey_args,
+    rollout_args,
     step_losses,
+    steps_per_rollout,
 )
 from trl_reasoning.evaluation.callbacks import PassAtKCallback
 
@@ -28,8 +30,11 @@ KS = (1, 4)
 
 def _build(name, model_path, output_dir):
     trainer_cls, config_cls, reward = PRESETS[name]
+    # A rollout batch lives in memory only (TRL's buffer): a resume continues exactly from a checkpoint between two
+    # rollouts. GSPO, whose rollout feeds several steps, samples every EVAL_STEPS steps here, so checkpoint-2 is one.
+    rollout = rollout_args(config_cls, min(steps_per_rollout(config_cls), EVAL_STEPS))
     args = config_cls(
-        **journey_args(output_dir, max_completion_length=8), eval_strategy="steps", eval_steps=EVAL_STEPS
+        **journey_args(output_dir, max_completion_length=8, **rollout), eval_strategy="steps", eval_steps=EVAL_STEPS
     )
     trainer = trainer_cls(
         model=model_path,
