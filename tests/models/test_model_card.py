@@ -8,7 +8,7 @@ import pytest
 import yaml
 from datasets import Dataset
 
-from trl_reasoning import DAPOConfig, DAPOTrainer, MaxRLConfig
+from trl_reasoning import DAPOConfig, DAPOTrainer, GSPOConfig, MaxRLConfig
 from trl_reasoning.models.loading import load_tokenizer
 from trl_reasoning.models.model_card import (
     ReasoningModelCardMixin,
@@ -38,6 +38,16 @@ def test_non_default_settings_compares_with_the_presets_field_defaults(tmp_path)
     assert maxrl["policy_loss"] == ("cispo", "clip")
     with pytest.raises(TypeError, match="dataclass"):
         non_default_settings(object())
+
+
+def test_a_batch_field_a_preset_sets_is_a_setting_and_one_trl_derives_is_not(tmp_path):
+    """`steps_per_generation` is derived from the batch sizes, except in GSPO, whose 4 is the paper's four
+    minibatches: a run that trains otherwise says so on its card."""
+    kwargs = cpu_config_kwargs(output_dir=str(tmp_path))
+    assert "steps_per_generation" not in non_default_settings(GSPOConfig(**kwargs))
+    assert non_default_settings(GSPOConfig(**kwargs, steps_per_generation=1))["steps_per_generation"] == (1, 4)
+    assert non_default_settings(GSPOConfig(**kwargs, generation_batch_size=16))["steps_per_generation"] == (2, 4)
+    assert "steps_per_generation" not in non_default_settings(DAPOConfig(**kwargs, generation_batch_size=16))
 
 
 def test_every_trainer_writes_the_reasoning_card():

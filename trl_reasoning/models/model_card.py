@@ -50,7 +50,8 @@ BOOKKEEPING_FIELDS = frozenset(
         "project",
     }
 )
-#: Fields that every config derives in `__post_init__` from the algorithm's pieces (TRL-compatibility mirrors).
+#: Fields that every config derives in `__post_init__` from the algorithm's pieces (TRL-compatibility mirrors) or
+#: the batch sizes, where the config class leaves them at `None`.
 DERIVED_FIELDS = frozenset({"loss_type", "scale_rewards", "generation_batch_size", "steps_per_generation"})
 #: The fields that name an algorithm's pieces, shown first.
 ALGORITHM_FIELDS = ("advantage_estimator", "policy_loss", "loss_aggregation")
@@ -110,9 +111,11 @@ def non_default_settings(args: Any) -> dict[str, tuple[Any, Any]]:
     derived = getattr(args, DERIVED_VALUES_ATTRIBUTE, {})
     changed = {}
     for field in dataclasses.fields(args):
-        if not field.init or field.name.startswith("_") or field.name in BOOKKEEPING_FIELDS | DERIVED_FIELDS:
+        if not field.init or field.name.startswith("_") or field.name in BOOKKEEPING_FIELDS:
             continue
         default = _field_default(field)
+        if field.name in DERIVED_FIELDS and default is None:
+            continue  # derived unless a preset sets it (GSPO's steps_per_generation=4: then a change is shown)
         value = getattr(args, field.name, _MISSING)
         if default is _MISSING or value is _MISSING:
             continue
