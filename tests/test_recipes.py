@@ -20,7 +20,7 @@ GSM8K_RECIPES = sorted(RECIPES.glob("gsm8k/qwen2.5-*.yaml"))
 # Recipes target GPUs (bf16); parsing them here only needs the config to accept a CPU.
 CPU = ["--use_cpu", "true"]
 #: What a preset sets on the command line over a recipe's value (recipes/README.md says so), keyed by preset name.
-PRESET_FLAGS = {"rloo": ["--num_generations", "4"]}
+PRESET_FLAGS = {"rloo": ["--num_generations", "4"], "gspo": ["--steps_per_generation", "16"]}
 
 
 def recipe_id(path: Path) -> str:
@@ -97,7 +97,11 @@ def test_the_documented_per_preset_flags_override_the_recipe(path):
         assert f"trl-reasoning {name} --config recipes/gsm8k/qwen2.5-1.5b-lora.yaml {shlex.join(flags)}" in readme
         assert f"{name.upper()}: add {shlex.join(flags)}" in path.read_text()  # the recipe's header says it too
         _, args, _, _ = cli.parse(name, ["--config", str(path), *flags, *CPU])
-        assert args.num_generations == 4 and args.output_dir.endswith(f"-{name}")
+        field, value = flags[0].removeprefix("--"), int(flags[1])
+        assert getattr(args, field) == value and args.output_dir.endswith(f"-{name}")
+    # GSPO's flag gives the recipe the paper's four optimizer steps per rollout batch
+    _, gspo, _, _ = cli.parse("gspo", ["--config", str(path), *PRESET_FLAGS["gspo"], *CPU])
+    assert gspo.steps_per_generation // gspo.gradient_accumulation_steps == 4
 
 
 @pytest.mark.parametrize("name", ["ddp", "zero2", "zero3", "fsdp2", "multi_node"])
