@@ -169,11 +169,13 @@ def _stale_batch(trainer):
 
 
 @pytest.mark.parametrize(
-    ("policy_loss", "anchor"), [("clip", "pi_old"), ("clip", None), ("cispo", None), ("dppo", None)]
+    ("policy_loss", "anchor"),
+    [("clip", "pi_old"), ("clip", None), ("clip", "sampler"), ("cispo", None), ("dppo", None)],
 )
 def test_each_loss_takes_the_ratio_it_is_defined_with(policy_loss, anchor, tiny_model_path, tmp_path):
-    """The clip on pi_old (TRL's objective, asked for by name) with TRL's correction on top; every loss's own
-    asynchronous anchor (ratio_anchor=None: the sampler, for the clip too) with no correction on top."""
+    """The clip on pi_old (TRL's objective, asked for by name) with TRL's correction on top, as the decoupled anchor
+    (the clip's asynchronous default) is at one step a batch with AReaL's per-token truncation; the clip on the
+    sampler and CISPO's and DPPO's own ratios to the sampler with no correction on top."""
     trainer = _trainer(
         tiny_model_path,
         tmp_path,
@@ -185,7 +187,7 @@ def test_each_loss_takes_the_ratio_it_is_defined_with(policy_loss, anchor, tiny_
         vllm_importance_sampling_mode="token_truncate",
         vllm_importance_sampling_clip_max=3.0,
     )
-    on_pi_old = anchor == "pi_old"
+    on_pi_old = trainer.args.ratio_anchor in ("pi_old", "decoupled")
     inputs = _stale_batch(trainer)
     mask = inputs["completion_mask"].float()
     mu = inputs["sampling_per_token_logps"]
@@ -235,9 +237,13 @@ def test_staleness_zero_trains_as_the_synchronous_run(policy_loss, tiny_model_pa
         trainer = _trainer(tiny_model_path, tmp_path / name, policy_loss=policy_loss, max_steps=3, **settings)
         trainer.train()
         runs[name] = (logged_metric(trainer, "loss"), dict(trainer.model.named_parameters()))
-    # mu is read from generate's scores (KV-cache numerics), pi from the training forward: equal to ~1e-7; every
-    # loss's asynchronous anchor is the sampler, whose ratio the loss logs from its own forward
-    torch.testing.assert_close(torch.tensor(logged_metric(trainer, "async/sampler_ratio/mean")), torch.ones(3))
+    # mu is read from generate's scores (KV-cache numerics), pi from the training forward: equal to ~1e-7; the clip's
+    # asynchronous anchor (decoupled) weighs by TRL's correction, CISPO's and DPPO's (the sampler) log their own ratio
+    if policy_loss == "clip":
+        ratio = logged_metric(trainer, "sampling/importance_sampling_ratio/mean")
+        torch.testing.assert_close(torch.tensor(ratio), torch.ones(3), atol=1e-6, rtol=0)
+    else:
+        torch.testing.assert_close(torch.tensor(logged_metric(trainer, "async/sampler_ratio/mean")), torch.ones(3))
     torch.testing.assert_close(torch.tensor(runs["k0"][0]), torch.tensor(runs["sync"][0]), atol=1e-6, rtol=1e-5)
     # Adam divides by the gradient's running scale: on a near-zero gradient a ~1e-7 difference in mu can move a weight
     # by ~1e-4; the bound is a tenth of one Adam step (lr 1e-2), losses agree to 1e-6
