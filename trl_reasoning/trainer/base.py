@@ -1032,9 +1032,10 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             old_per_token_logps = per_token_logps.detach()
         stats: dict[str, torch.Tensor] = {}
         sampler = inputs.get("sampling_per_token_logps")
-        # CISPO on an asynchronous batch takes its ratio against the sampler mu (the DPPO authors' bypass mode)
+        # a loss anchored to the sampler takes its ratio against mu itself (verl's bypass mode; CISPO and DPPO on an
+        # asynchronous batch); getattr: TRL's own tests build trainers without ReasoningConfig's defaults resolved
         denominator = old_per_token_logps
-        if sampler is not None and self.args.ratio_anchor == "sampler":
+        if sampler is not None and getattr(self.args, "ratio_anchor", None) == "sampler":
             denominator = torch.where(torch.isnan(sampler), old_per_token_logps, sampler)
         per_token_loss = compute_policy_loss(
             args.policy_loss,
