@@ -304,33 +304,23 @@ def rollout_topk_from_hidden(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _gather_forward(
-    z: torch.Tensor, index: torch.Tensor, truncated: bool = False
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``log softmax(z)`` at ``index`` ``[..., M]``, the entropy ``lse - sum_j p_j z_j`` and ``lse`` of one chunk.
-    ``truncated``: ``z`` is ``-inf`` outside the sampler's support, whose terms ``0 * -inf`` count as 0."""
-    lse = torch.logsumexp(z, dim=-1)
-    gathered = z.gather(-1, index) - lse.unsqueeze(-1)
-    weighted = (z - lse.unsqueeze(-1)).exp_().mul_(z)  # p_j z_j, one [chunk, V] temporary besides z
-    if truncated:
-        weighted.nan_to_num_(nan=0.0)
-    entropy = lse - weighted.sum(-1)
-    return gathered, entropy, lse
-
-
-def _full_entropy(z: torch.Tensor) -> torch.Tensor:
-    """The entropy of ``softmax(z)`` over the whole vocabulary (TRL's ``entropy_from_logits``), one chunk."""
-    lse = torch.logsumexp(z, dim=-1, keepdim=True)
-    return lse.squeeze(-1) - ((z - lse).exp() * z).sum(-1)
+def _entropy(z: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """``lse - sum_j p_j z_j`` of one chunk (TRL's ``entropy_from_logits``), one ``[chunk, V]`` temporary besides
+    ``z``."""
+    weighted = (z - lse.unsqueeze(-1)).exp_().mul_(z)
+    return lse - weighted.sum(-1)
 
 
 def _gathered_chunk(z: torch.Tensor, index: torch.Tensor, truncation: SamplingTruncation | None):
-    """:func:`_gather_forward` of one chunk's tempered logits ``z`` on the sampler's support, with the entropy of the
-    whole distribution (TRL's meaning of the logged ``entropy``, whatever the truncation: the truncated
-    distribution's is several times smaller and would change the curve when a run switches to a truncated ratio)."""
-    entropy = _full_entropy(z) if truncation is not None else None
-    gathered, support_entropy, lse = _gather_forward(_on_support(z, index, truncation), index, truncation is not None)
-    return gathered, support_entropy if entropy is None else entropy, lse
+    """``log softmax`` at ``index`` ``[..., M]``, the entropy and ``lse`` of one chunk of tempered logits ``z``, on the
+    sampler's support when ``truncation`` is given. The entropy is always the whole distribution's (TRL's meaning of
+    the logged ``entropy``: the truncated distribution's is several times smaller and would change the curve when a
+    run switches to a truncated ratio), so the support's own is never computed."""
+    entropy = _entropy(z, torch.logsumexp(z, dim=-1)) if truncation is not None else None
+    z = _on_support(z, index, truncation)
+    lse = torch.logsumexp(z, dim=-1)
+    gathered = z.gather(-1, index) - lse.unsqueeze(-1)
+    return gathered, _entropy(z, lse) if entropy is None else entropy, lse
 
 
 def _on_support(z: torch.Tensor, index: torch.Tensor, truncation: SamplingTruncation | None) -> torch.Tensor:
