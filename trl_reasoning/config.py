@@ -778,11 +778,17 @@ class ReasoningConfig(GRPOConfig):
         ``"decoupled"`` runs TRL's correction in AReaL's per-token truncation (``resolve_anchor``)."""
         if self.ratio_anchor is None and self.async_rollouts is None:
             return
+        self.resolve_ratio_anchor(bool(self.async_rollouts))
+
+    def resolve_ratio_anchor(self, asynchronous: bool) -> None:
+        """Set ``ratio_anchor`` (checked, or resolved from ``None`` for a run that is ``asynchronous`` or not) and the
+        correction mode it runs (``resolve_anchor``); the trainer calls it where ``async_rollouts=None`` left the
+        choice to it."""
         self.ratio_anchor, self.vllm_importance_sampling_mode = resolve_anchor(
             self.ratio_anchor,
             ratio_anchors(self.policy_loss),
             async_anchor(self.policy_loss),
-            bool(self.async_rollouts),
+            asynchronous,
             policy_loss=self.policy_loss,
             correction=self.vllm_importance_sampling_correction,
             mode=self.vllm_importance_sampling_mode,

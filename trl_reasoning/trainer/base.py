@@ -50,7 +50,6 @@ from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from ..algorithms.aggregation import AGGREGATIONS, aggregate_loss, completion_weights
-from ..algorithms.anchors import resolve_anchor
 from ..algorithms.batch import TrainBatch
 from ..algorithms.group_selection import RetiredPrompts
 from ..algorithms.importance_sampling import (
@@ -63,7 +62,7 @@ from ..algorithms.importance_sampling import (
     ess_from_terms,
     weight_share_changed,
 )
-from ..algorithms.losses import POLICY_LOSSES, async_anchor, compute_policy_loss, ratio_anchors
+from ..algorithms.losses import POLICY_LOSSES, compute_policy_loss
 from ..algorithms.sampling_processors import model_generation_defaults, unreproduced_settings
 from ..algorithms.trl_mirror import k3_kl, masked_means_over_processes
 from ..algorithms.truncation import sampling_truncation
@@ -455,18 +454,9 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         args, asynchronous = self.args, self.async_rollouts is not None
         loss = args.policy_loss
         if args.ratio_anchor is None:
-            args.ratio_anchor, mode = resolve_anchor(
-                None,
-                ratio_anchors(loss),
-                async_anchor(loss),
-                asynchronous,
-                policy_loss=loss,
-                correction=args.vllm_importance_sampling_correction,
-                mode=args.vllm_importance_sampling_mode,
-                trl_default_mode=TRL_DEFAULT_CORRECTION_MODE,
-            )
+            args.resolve_ratio_anchor(asynchronous)
             # TRL copied the mode onto the trainer in its __init__: the decoupled anchor's truncation goes on both
-            args.vllm_importance_sampling_mode = self.vllm_importance_sampling_mode = mode
+            self.vllm_importance_sampling_mode = args.vllm_importance_sampling_mode
         if asynchronous and args.ratio_anchor == "pi_old" and not POLICY_LOSSES.trait(loss, "own_is_correction"):
             steps = args.steps_per_generation * self.num_iterations
             where = (
