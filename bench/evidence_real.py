@@ -92,6 +92,17 @@ def _pair(arm_a: str, arm_b: str, measure: str, expects: str, tests: str, paper:
     return {"a": arm_a, "b": arm_b, "measure": measure, "expects": expects, "tests": tests, "paper": paper}
 
 
+#: The k = 8 arms: "clip" is TRL's objective (ratio to pi_old, the learner itself here, with TRL's sequence_mask
+#: correction: v4's baseline); "clip_sampler" is the papers' baseline, the clip on pi_theta / mu (the DPPO paper's
+#: GRPO, verl's bypass mode); "clip_decoupled" is AReaL's form, the clip family's asynchronous default.
+_ASYNC_K8_ARMS = {
+    "clip": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "pi_old"},
+    "clip_sampler": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "sampler"},
+    "clip_decoupled": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "decoupled"},
+    "cispo": {**_BASE, "policy_loss": "cispo", "epsilon_high": 5.0, **_ASYNC_K8},
+    "dppo_binary": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "binary_tv", **_ASYNC_K8},
+    "dppo_topk": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "topk_tv", **_ASYNC_K8},
+}
 _VS_TRL = "vs TRL's clip on pi_old, not the paper's baseline"
 #: The k = 8 comparisons: each loss against the papers' own baseline (the clip on pi_theta / mu: the DPPO paper's GRPO,
 #: verl's bypass mode), against TRL's objective (v4's baseline, whose clip never acts there), and the clip's two
@@ -204,31 +215,14 @@ CLAIMS: dict[str, dict] = {
             _pair("eps_high_0.28", "eps_high_0.20", "pass@8", "higher", "DAPO: clip-higher keeps diversity"),
         ],
     },
-    # "clip" is TRL's objective (ratio to pi_old, the learner itself here, with TRL's sequence_mask correction: v4's
-    # baseline); "clip_sampler" is the papers' baseline, the clip on pi_theta / mu (the DPPO paper's GRPO, verl's
-    # bypass mode)
     "async_k8": {
-        "arms": {
-            "clip": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "pi_old"},
-            "clip_sampler": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "sampler"},
-            "clip_decoupled": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "decoupled"},
-            "cispo": {**_BASE, "policy_loss": "cispo", "epsilon_high": 5.0, **_ASYNC_K8},
-            "dppo_binary": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "binary_tv", **_ASYNC_K8},
-            "dppo_topk": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "topk_tv", **_ASYNC_K8},
-        },
+        "arms": _ASYNC_K8_ARMS,
         "compare": _ASYNC_COMPARISONS,
     },
     # the same arms over a horizon where a trust region can pay: 50 optimizer steps (the 4,000-token runs make 17, the
     # first 8 of them sampled by the initial weights)
     "async_k8_long": {
-        "arms": {
-            "clip": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "pi_old"},
-            "clip_sampler": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "sampler"},
-            "clip_decoupled": {**_BASE, **_CLIP, **_ASYNC_K8, "ratio_anchor": "decoupled"},
-            "cispo": {**_BASE, "policy_loss": "cispo", "epsilon_high": 5.0, **_ASYNC_K8},
-            "dppo_binary": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "binary_tv", **_ASYNC_K8},
-            "dppo_topk": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "topk_tv", **_ASYNC_K8},
-        },
+        "arms": _ASYNC_K8_ARMS,
         "unit": "steps",
         "budget": 50,
         "seeds": 4,  # each run is three times as long: the seeds the time allows, at least 4
