@@ -76,3 +76,18 @@ def test_the_main_job_prints_only_its_own_lines(tmp_path):
     lines = output.splitlines()
     assert any(line.startswith("| after DAPO |") for line in lines), output[-5000:]
     assert _unexpected(lines) == [], output[-5000:]
+
+
+def test_the_console_script_demo_is_as_quiet_as_python_m():
+    """``trl-reasoning demo`` is the main job too: the installed console script drops bitsandbytes' import-time notice
+    before ``trl_reasoning.cli`` imports TRL (the script used to call ``cli.main`` directly, so the notice came first).
+    The entry point is read from the installed metadata, as the ``trl-reasoning`` launcher reads it."""
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "trl-reasoning"]
+    code = f"import sys; sys.argv = ['trl-reasoning', 'demo', '--help']; from {script.module} import {script.attr} as m; m()"
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONWARNINGS"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("usage: trl-reasoning demo"), result.stdout[:500]
+    assert "gemm_4bit_forward" not in result.stdout + result.stderr, result.stderr[-3000:]

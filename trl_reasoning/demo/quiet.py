@@ -13,8 +13,9 @@
 - transformers, when TRL unwraps the model for generation: "`is_gradient_checkpointing` is deprecated ..." — a
   ``FutureWarning`` issued in ``transformers.modeling_utils``, for TRL's developers.
 
-Only the main job installs these (its ``__main__``, before its first import of those libraries): a user's own script
-that imports trl_reasoning sees every one of them, as without this package.
+Only the main job installs these, before its first import of those libraries: ``python -m trl_reasoning.demo``
+(its ``__main__``) and ``trl-reasoning demo`` (:func:`console_main`, the console script). A user's own script that
+imports trl_reasoning, and every other ``trl-reasoning`` command, sees every one of them, as without this package.
 """
 
 from __future__ import annotations
@@ -54,3 +55,16 @@ def quiet_library_noise() -> None:
             logger.addFilter(_DropRecordsStartingWith(prefix))
     for category, message, module in NOISE_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
+
+
+def console_main() -> None:
+    """The ``trl-reasoning`` console script: ``trl-reasoning demo`` (the main job, as ``python -m
+    trl_reasoning.demo``) drops :data:`NOISE_LOG_RECORDS` and :data:`NOISE_WARNINGS` before ``trl_reasoning.cli``'s
+    imports print them; every other command is ``trl_reasoning.cli.main`` with the libraries' own output."""
+    import sys
+
+    if sys.argv[1:2] == ["demo"]:
+        quiet_library_noise()
+    from ..cli import main
+
+    main()
