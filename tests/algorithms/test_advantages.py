@@ -16,6 +16,8 @@ from trl_reasoning.algorithms.advantages import ADVANTAGE_ESTIMATORS, compute_ad
 NAN = float("nan")
 EPS = 1e-4
 ESTIMATORS = ("grpo", "dr_grpo", "rloo", "maxrl", "batch", "scalerl", "batch_zscore")
+#: One advantage per completion token (REINFORCE++'s); tested in test_reinforce_pp.py.
+TOKEN_LEVEL_ESTIMATORS = ("reinforce_pp", "reinforce_pp_baseline")
 
 
 def t64(values):
@@ -206,9 +208,9 @@ def test_all_nan_batch_gives_zero_advantages(estimator):
 def test_unknown_estimator_lists_the_allowed_names():
     with pytest.raises(ValueError, match="Allowed values") as info:
         compute_advantages(t64([1, 0]), 2, "ppo")
-    for name in ESTIMATORS:
+    for name in ESTIMATORS + TOKEN_LEVEL_ESTIMATORS:
         assert name in str(info.value)
-    assert set(ADVANTAGE_ESTIMATORS.names()) == set(ESTIMATORS)
+    assert set(ADVANTAGE_ESTIMATORS.names()) == set(ESTIMATORS + TOKEN_LEVEL_ESTIMATORS)
 
 
 def test_batch_not_a_multiple_of_num_generations_raises():
@@ -335,9 +337,12 @@ def test_maxrl_with_threshold_matches_reference_on_random_rewards(seed):
 
 def test_estimators_take_the_options_they_declare():
     rewards = torch.tensor([0.0, 1.0, 0.4, 0.9])
-    # One set of options for every estimator: each receives only the parameters it takes.
+    # One set of options for every estimator: each receives only the parameters it takes (a token-level one its
+    # per-token inputs, and returns one advantage per token).
+    options = dict(reward_threshold=0.5, epsilon=1e-4, completion_mask=torch.ones(4, 3), beta=0.1)
     for name in ADVANTAGE_ESTIMATORS.names():
-        assert compute_advantages(rewards, 2, name, reward_threshold=0.5, epsilon=1e-4).shape == (4,)
+        expected = (4, 3) if ADVANTAGE_ESTIMATORS.trait(name, "token_level") else (4,)
+        assert compute_advantages(rewards, 2, name, **options).shape == expected
     binarized = compute_advantages(rewards, 2, "maxrl", reward_threshold=0.5)
     assert binarized.tolist() == [-1.0, 1.0, -1.0, 1.0]
     assert [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.trait(n, "binary_rewards")] == ["maxrl"]

@@ -1,4 +1,5 @@
-"""Advantage estimators: one reward per completion in, one advantage per completion out.
+"""Advantage estimators: one reward per completion in, one advantage per completion out (or, for a token-level
+estimator such as REINFORCE++'s, one advantage per completion token).
 
 Layout follows TRL: a batch of ``N = P * G`` completions where the ``G`` completions of a prompt are consecutive,
 so ``rewards.view(P, G)`` groups them. A ``NaN`` reward marks an *unscorable* completion (every reward function
@@ -20,7 +21,9 @@ from .registry import Registry, VariantField, at_least
 AdvantageEstimator = Callable[..., torch.Tensor]
 #: Traits: ``group_relative`` (the baseline is a statistic of the prompt's own group, so ``num_generations >= 2``),
 #: ``trl_scale_rewards`` (TRL's ``scale_rewards`` value that means this estimator's scaling), ``binary_rewards`` (the
-#: rewards must be 0/1 unless the estimator's ``reward_threshold`` binarizes them).
+#: rewards must be 0/1 unless the estimator's ``reward_threshold`` binarizes them), ``token_level`` (it returns one
+#: advantage per completion token, ``(N, T)``, and reads :data:`TOKEN_INPUTS`), ``kl_in_return`` (``beta``'s KL is in
+#: its per-token return, so the trainer adds no KL term to the loss and ``kl_in_reward`` must stay off).
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
 
 
@@ -195,6 +198,165 @@ def batch_zscore_advantages(rewards: torch.Tensor, num_generations: int, epsilon
     return (rewards - torch.nanmean(rewards)) / (std + epsilon)
 
 
+#: The per-token inputs of a ``token_level`` estimator, ``(N, T)`` each, rows aligned with the rewards: the completion
+#: tokens that count (``completion_mask``, 1/0) and the k1 KL of each token (``token_kl``,
+#: :func:`trl_reasoning.algorithms.shaping.token_kl`). Whoever selects rows of the rewards selects the same rows here.
+TOKEN_INPUTS = ("completion_mask", "token_kl")
+
+#: OpenRLHF's floor on the batch variance of REINFORCE++'s advantages (``var.clamp(min=1e-8).rsqrt()``).
+REINFORCE_PP_VARIANCE_FLOOR = 1e-8
+
+
+def reinforce_pp_returns(
+    rewards: torch.Tensor, token_kl: torch.Tensor, completion_mask: torch.Tensor, beta: float
+) -> torch.Tensor:
+    """REINFORCE++'s return of every completion token, undiscounted (``γ = 1``):
+
+    ``G_it = r_i − β Σ_{s ≥ t} m_is KL_is`` where ``m_it = 1``, ``0`` where ``m_it = 0``.
+
+    It is the reward-to-go of the per-token reward ``−β KL_it`` on every counted token plus ``r_i`` on the last one:
+    the scalar reward reaches every token, the KL penalty only the tokens before it. ``KL`` is the k1 estimate
+    ``log π_old − log π_ref`` (no gradient); padding and tool-output tokens (``m = 0``) add no penalty. A row whose
+    reward is ``NaN`` (unscorable) stays ``NaN`` on its counted tokens.
+
+    Source: REINFORCE++ (Hu et al., arXiv 2501.03262), the token-level KL penalty and its return; OpenRLHF
+    ``openrlhf/models/utils.py`` ``compute_reward`` (the reward at the last action token, ``−kl_coef · kl`` on each)
+    and ``experience_maker.py`` ``get_cumulative_returns`` (the rewards masked by ``action_mask``, then summed from
+    the end with ``γ = 1``).
+
+    Args:
+        rewards: ``(N,)`` one reward per completion (centred already for the ``-baseline`` variant).
+        token_kl: ``(N, T)`` the per-token KL estimate.
+        completion_mask: ``(N, T)`` 1 for the tokens that count in the loss.
+        beta: the KL coefficient ``β``.
+    """
+    counted = completion_mask.bool()
+    zeros = torch.zeros_like(token_kl)
+    # where(), not a product with the mask: a non-finite value on an uncounted token must not reach the sums
+    penalty = torch.where(counted, beta * token_kl.detach(), zeros).flip(-1).cumsum(-1).flip(-1)
+    returns = rewards.to(token_kl.dtype).unsqueeze(1) - penalty
+    return torch.where(counted, returns, zeros)
+
+
+def whiten_over_tokens(
+    values: torch.Tensor, completion_mask: torch.Tensor, variance_floor: float = REINFORCE_PP_VARIANCE_FLOOR
+) -> torch.Tensor:
+    """Global (batch) normalisation over tokens: ``(A − mean) / sqrt(max(var, variance_floor))``.
+
+    ``mean`` and ``var`` run over every entry of the batch where ``completion_mask`` is 1 and ``values`` is not
+    ``NaN``, each token counting once (a long completion weighs more than a short one), and ``var`` is the biased
+    variance (divided by the count ``n``, not ``n − 1``). Every other entry (padding, tool output, an unscorable row)
+    is ``0`` and moves neither statistic.
+
+    Source: OpenRLHF ``experience_maker.py`` ``compute_advantages_and_returns`` (the masked mean over
+    ``action_mask``, the masked biased variance, ``rsqrt`` of the variance clamped at ``1e-8``). OpenRLHF leaves
+    ``(0 − mean) · rstd`` at padding positions, which its loss masks out; here they are ``0``.
+    """
+    valid = completion_mask.bool() & ~torch.isnan(values)
+    zeros = torch.zeros_like(values)
+    count = valid.sum().clamp(min=1).to(values.dtype)
+    mean = torch.where(valid, values, zeros).sum() / count
+    variance = torch.where(valid, (values - mean) ** 2, zeros).sum() / count
+    return torch.where(valid, (values - mean) * variance.clamp(min=variance_floor).rsqrt(), zeros)
+
+
+def check_kl_in_return(config: Any) -> None:
+    """A ``kl_in_return`` estimator already puts ``beta``'s KL into each token's return and normalises over the
+    batch's tokens: RLOO's sequence-level ``kl_in_reward`` would subtract the KL a second time and
+    ``normalize_advantages`` standardise once more per completion; a negative ``beta`` would reward divergence."""
+    name = config.advantage_estimator
+    if config.kl_in_reward:
+        raise ValueError(
+            f"kl_in_reward=True subtracts beta's KL from the sequence reward, but advantage_estimator={name!r} "
+            "already subtracts it from every token's return: the KL would count twice. Set kl_in_reward=False "
+            "(beta still applies, in the return)."
+        )
+    if config.normalize_advantages:
+        raise ValueError(
+            f"normalize_advantages=True standardises the advantages per completion, but advantage_estimator={name!r} "
+            "already normalises them over every completion token of the batch. Set normalize_advantages=False."
+        )
+    if config.beta < 0:
+        raise ValueError(
+            f"beta must be >= 0 with advantage_estimator={name!r} (the KL penalty in each token's return; 0 turns "
+            f"it off), got {config.beta}."
+        )
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_pp", token_level=True, kl_in_return=True, checks=(check_kl_in_return,))
+def reinforce_pp_advantages(
+    rewards: torch.Tensor,
+    num_generations: int,
+    completion_mask: torch.Tensor | None = None,
+    token_kl: torch.Tensor | None = None,
+    beta: float = 0.0,
+    variance_floor: float = REINFORCE_PP_VARIANCE_FLOOR,
+) -> torch.Tensor:
+    """REINFORCE++: each token's return ``r_i − β Σ_{s≥t} KL_is``, normalised over all completion tokens of the batch.
+
+    ``A_it = whiten(G_it)``: :func:`reinforce_pp_returns` then :func:`whiten_over_tokens` (mean and biased variance
+    over the batch's counted tokens, the variance floored at ``1e-8``). No group baseline: the batch mean is the
+    only one. Returns ``(N, T)``, ``0`` on padding. Without ``token_kl`` (or with ``beta = 0``) every token of a
+    completion shares ``r_i`` before the normalisation. Source: REINFORCE++ (Hu et al., arXiv 2501.03262); OpenRLHF
+    ``--algo.advantage.estimator reinforce`` (``experience_maker.py``).
+    """
+    grouped_rewards(rewards, num_generations)  # shape check
+    if completion_mask is None or completion_mask.dim() != 2 or completion_mask.shape[0] != rewards.shape[0]:
+        raise ValueError(
+            "REINFORCE++'s advantages are per token: pass completion_mask, one (N, T) row of 0/1 per completion, "
+            f"got {None if completion_mask is None else tuple(completion_mask.shape)} for {rewards.numel()} rewards."
+        )
+    dtype = rewards.dtype if token_kl is None else torch.promote_types(rewards.dtype, token_kl.dtype)
+    kl = torch.zeros(completion_mask.shape, dtype=dtype, device=rewards.device) if token_kl is None else token_kl
+    # an unscorable completion (NaN reward) has NaN returns: left out of the statistics, advantage 0
+    returns = reinforce_pp_returns(rewards.to(dtype), kl.to(dtype), completion_mask, beta)
+    return whiten_over_tokens(returns, completion_mask, variance_floor)
+
+
+@ADVANTAGE_ESTIMATORS.register(
+    "reinforce_pp_baseline",
+    group_relative=True,
+    token_level=True,
+    kl_in_return=True,
+    checks=(check_kl_in_return,),
+)
+def reinforce_pp_baseline_advantages(
+    rewards: torch.Tensor,
+    num_generations: int,
+    completion_mask: torch.Tensor | None = None,
+    token_kl: torch.Tensor | None = None,
+    beta: float = 0.0,
+    variance_floor: float = REINFORCE_PP_VARIANCE_FLOOR,
+) -> torch.Tensor:
+    """REINFORCE++-baseline: ``r_i − mean_g``, then REINFORCE++'s per-token return and normalisation over the batch.
+
+    ``r̃_i = r_i − mean_g`` (over the group's scored rewards, no std), then :func:`reinforce_pp_advantages` on
+    ``r̃``: the return ``r̃_i − β Σ_{s≥t} KL_is`` is re-centred on the batch's token mean and scaled by the batch's
+    token std. Returns ``(N, T)``. Source: REINFORCE++ (Hu et al., arXiv 2501.03262), the ``-baseline`` variant for
+    several samples per prompt; OpenRLHF ``--algo.advantage.estimator reinforce_baseline`` (``experience_maker.py``:
+    ``rewards - rewards.mean(-1)`` per prompt, then the same return and normalisation as ``reinforce``).
+    """
+    grouped = grouped_rewards(rewards, num_generations)
+    centred = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).view(-1)
+    return reinforce_pp_advantages(centred, num_generations, completion_mask, token_kl, beta, variance_floor)
+
+
+def zero_advantages(
+    rewards: torch.Tensor, estimator: str, completion_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Advantages of ``0`` in the estimator's shape: ``(N, T)`` like ``completion_mask`` for a ``token_level`` one
+    (when the mask is given), ``(N,)`` otherwise."""
+    if ADVANTAGE_ESTIMATORS.trait(estimator, "token_level", False) and completion_mask is not None:
+        return torch.zeros(completion_mask.shape, dtype=rewards.dtype, device=rewards.device)
+    return torch.zeros_like(rewards)
+
+
+def per_completion(advantages: torch.Tensor) -> torch.Tensor:
+    """One number per completion, for tables and logs: the advantage itself, or, for ``(N, T)`` token-level advantages,
+    its first token's (the normalised return of the whole completion, REINFORCE++'s sequence-level value)."""
+    return advantages[:, 0] if advantages.dim() == 2 else advantages
+
+
 def normalize_advantages(advantages: torch.Tensor, epsilon: float = 1e-4) -> torch.Tensor:
     """``(A - mean(A)) / (std(A) + eps)`` over the batch's scored advantages (``NaN`` entries are left out and stay
     ``NaN``): TRL ``RLOOConfig.normalize_advantages`` ("normalization is done per generation batch")."""
@@ -215,18 +377,25 @@ def compute_advantages(
         normalize: standardise the advantages over the batch afterwards (:func:`normalize_advantages`, TRL's
             ``RLOOConfig.normalize_advantages``), before unscorable completions are set to 0.
         **kwargs: offered to the estimator; it receives those it takes as parameters (``epsilon``,
-            ``reward_threshold``), so a caller can pass one set of options whatever the estimator.
+            ``reward_threshold``; a token-level estimator's :data:`TOKEN_INPUTS` and ``beta``), so a caller can pass
+            one set of options whatever the estimator.
 
     Returns:
-        ``(N,)`` advantages, ``0`` wherever the estimator gave ``NaN`` (unscorable completions).
+        ``(N,)`` advantages, ``0`` wherever the estimator gave ``NaN`` (unscorable completions); ``(N, T)`` from a
+        ``token_level`` estimator (REINFORCE++'s), ``0`` on padding.
     """
     fn = ADVANTAGE_ESTIMATORS.get(estimator)
     if num_generations < 2:
         grouped_rewards(rewards, num_generations)
-        return torch.zeros_like(rewards)
+        return zero_advantages(rewards, estimator, kwargs.get("completion_mask"))
     kwargs = ADVANTAGE_ESTIMATORS.kwargs_for(estimator, kwargs)
     advantages = fn(rewards, num_generations, **kwargs)
     if normalize:
+        if advantages.dim() != 1:
+            raise ValueError(
+                f"normalize_advantages standardises one advantage per completion; advantage_estimator={estimator!r} "
+                "gives one per token and normalises them over the batch itself."
+            )
         advantages = normalize_advantages(advantages)
     return torch.nan_to_num(advantages, nan=0.0)
 

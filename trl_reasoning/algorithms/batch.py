@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .advantages import compute_advantages
+from .advantages import TOKEN_INPUTS, compute_advantages, zero_advantages
 from .aggregation import completion_weights
 
 
@@ -21,8 +21,9 @@ class TrainBatch:
     ``rewards`` and ``advantages`` of the gathered batch (all processes, group by group), which groups train
     (``active_groups``, one bool per group; ``None`` when every group trains), this process's ``loss_weights`` and
     ``generation_rounds``: ``(groups generated, informative groups)`` of each generation round behind the batch (all
-    processes; one round unless dynamic sampling generated more). Read it from a callback's ``on_step_end`` to see
-    what a step trained on."""
+    processes; one round unless dynamic sampling generated more). ``advantages`` is ``(N,)``, or ``(N, T)`` for a
+    token-level estimator (REINFORCE++'s: one per completion token, ``0`` on padding). Read it from a callback's
+    ``on_step_end`` to see what a step trained on."""
 
     rewards: torch.Tensor
     advantages: torch.Tensor
@@ -58,9 +59,12 @@ def batch_advantages_and_weights(
         active_groups: ``(N / G,)`` bool, or ``None``.
         normalize_advantages: standardise the advantages over the batch's active rows (TRL's
             ``RLOOConfig.normalize_advantages``).
+        estimator_kwargs: offered to the estimator by name; the per-token inputs of a token-level estimator
+            (``TOKEN_INPUTS``, ``(N, T)`` each) are restricted to the active rows with the rewards.
 
     Returns:
-        ``(advantages, weights, active_rows)``: ``(N,)`` each; ``active_rows`` is ``None`` without ``active_groups``.
+        ``(advantages, weights, active_rows)``: ``(N,)`` each (``advantages`` ``(N, T)`` from a token-level
+        estimator); ``active_rows`` is ``None`` without ``active_groups``.
     """
     if active_groups is None:
         advantages = compute_advantages(
@@ -74,11 +78,15 @@ def batch_advantages_and_weights(
             f"active_groups has {active_groups.numel()} groups of {num_generations}, but the batch has "
             f"{rewards.numel()} completions"
         )
-    advantages = torch.zeros_like(rewards)
+    advantages = zero_advantages(rewards, estimator, estimator_kwargs.get("completion_mask"))
     weights = torch.zeros_like(token_counts)
     if bool(active_rows.any()):
+        active_kwargs = {
+            key: value[active_rows] if key in TOKEN_INPUTS and value is not None else value
+            for key, value in estimator_kwargs.items()
+        }
         advantages[active_rows] = compute_advantages(
-            rewards[active_rows], num_generations, estimator, normalize=normalize_advantages, **estimator_kwargs
+            rewards[active_rows], num_generations, estimator, normalize=normalize_advantages, **active_kwargs
         )
         weights[active_rows] = completion_weights(
             token_counts[active_rows], aggregation, num_generations, max_completion_length

@@ -93,3 +93,19 @@ def sequence_kl(old_logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Te
     gradient: ``sum_t m_t (log pi_old - log pi_ref)`` (TRL's RLOOTrainer; RLOO folds ``beta`` times it into the
     reward)."""
     return ((old_logps.detach() - ref_logps.detach()) * mask).sum(dim=1)
+
+
+#: OpenRLHF's bound on the log-ratio of its KL estimates (``compute_approx_kl``: ``clamp(min=-10, max=10)``).
+TOKEN_KL_BOUND = 10.0
+
+
+def token_kl(old_logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` the k1 estimate of KL(policy || reference) at each completion token, without gradient:
+    ``clamp(log π_old − log π_ref, −10, 10)`` where ``mask`` is 1, ``0`` elsewhere (REINFORCE++'s per-token penalty,
+    which :func:`trl_reasoning.algorithms.advantages.reinforce_pp_returns` scales by ``β`` and sums to the end).
+
+    Source: REINFORCE++ (Hu et al., arXiv 2501.03262), the k1 KL between ``π_old`` (the policy the batch was scored
+    with) and the reference; OpenRLHF ``openrlhf/models/utils.py`` ``compute_approx_kl`` (``kl_estimator="k1"``, the log-ratio clamped to
+    ``[-10, 10]``). Unlike :func:`sequence_kl` (RLOO's, unclamped, as TRL's ``RLOOTrainer``) it stays per token."""
+    log_ratio = (old_logps.detach() - ref_logps.detach()).clamp(min=-TOKEN_KL_BOUND, max=TOKEN_KL_BOUND)
+    return torch.where(mask.bool(), log_ratio, torch.zeros_like(log_ratio))
