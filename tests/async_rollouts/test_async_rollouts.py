@@ -400,8 +400,10 @@ def _sampled_batches(trainer) -> list:
         # TRL's sampling settings reach the worker through the trainer's generation config (a repetition penalty or
         # an n-gram ban would be refused: the trainer does not repeat them when it scores the policy)
         dict(temperature=0.8, top_k=20, top_p=0.9, min_p=0.02, generation_kwargs={"repetition_penalty": 1.0}),
+        # REINFORCE++'s per-token advantages, with the KL to the reference in their return
+        dict(advantage_estimator="reinforce_pp_baseline", beta=0.05),
     ],
-    ids=["clip", "cispo", "dppo", "dynamic-sampling", "trl-sampling-settings"],
+    ids=["clip", "cispo", "dppo", "dynamic-sampling", "trl-sampling-settings", "reinforce_pp"],
 )
 def test_the_generator_process_samples_the_batches_of_the_inline_one(settings, tiny_model_path, tmp_path):
     """The worker samples ahead of the trainer with the same behaviour weights and seeds as the in-process

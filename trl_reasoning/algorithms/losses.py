@@ -1,6 +1,7 @@
 """Per-token policy objectives. Each returns the per-token loss ``l_it`` (``-objective``) *before* aggregation.
 
-All inputs are ``(B, T)`` tensors over completion tokens except ``advantages`` (``(B,)`` or ``(B, 1)``).
+All inputs are ``(B, T)`` tensors over completion tokens except ``advantages`` (``(B,)`` or ``(B, 1)``; ``(B, T)``
+from a token-level estimator, REINFORCE++'s).
 Padding positions may hold anything: the aggregation multiplies by the mask, and the functions keep padding
 finite. Notation and sources: ``docs/algorithms.md`` ("Per-token policy objectives").
 

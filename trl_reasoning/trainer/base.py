@@ -49,6 +49,7 @@ from packaging.version import Version
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
+from ..algorithms.advantages import ADVANTAGE_ESTIMATORS
 from ..algorithms.aggregation import AGGREGATIONS, aggregate_loss, completion_weights
 from ..algorithms.batch import TrainBatch
 from ..algorithms.group_selection import RetiredPrompts
@@ -1013,8 +1014,9 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         return inputs["loss_weights"], scale
 
     def _per_token_objective(self, inputs, per_token_logps, topk_logps, mask, entropy_mask):
-        """The configured policy loss per token, with TRL's token masks and (unless it is in the reward) TRL's k3 KL
-        term. Returns ``(per_token_loss, per_token_kl or None, the loss's stats)``."""
+        """The configured policy loss per token, with TRL's token masks and (unless it is in the reward or in the
+        estimator's per-token return) TRL's k3 KL term. Returns ``(per_token_loss, per_token_kl or None, the loss's
+        stats)``."""
         args = self.args
         advantages = inputs["advantages"].unsqueeze(1) if inputs["advantages"].dim() == 1 else inputs["advantages"]
         old_per_token_logps = inputs.get("old_per_token_logps")
@@ -1051,7 +1053,12 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             stats["async/sampler_ratio/abs_log_mean"] = log_ratio.abs()
             # with the mean, the effective sample size of these weights: mean(w)^2 / mean(w^2)
             stats["async/sampler_ratio/sq_mean"] = (2 * log_ratio).exp()
-        if self.beta == 0.0 or args.kl_in_reward:
+        # beta's KL is in the reward (RLOO) or in each token's return (REINFORCE++'s estimators): not in the loss too
+        if (
+            self.beta == 0.0
+            or args.kl_in_reward
+            or ADVANTAGE_ESTIMATORS.trait(args.advantage_estimator, "kl_in_return")
+        ):
             return per_token_loss, None, stats
         per_token_kl = k3_kl(
             inputs["ref_per_token_logps"],

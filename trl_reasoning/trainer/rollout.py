@@ -31,7 +31,7 @@ import torch
 from accelerate.utils import gather_object
 from datasets import IterableDataset
 
-from ..algorithms.advantages import ADVANTAGE_ESTIMATORS
+from ..algorithms.advantages import ADVANTAGE_ESTIMATORS, per_completion
 from ..algorithms.batch import (
     TrainBatch,
     batch_advantages_and_weights,
@@ -60,6 +60,7 @@ from ..algorithms.shaping import (
     combined_rewards,
     normalize_then_sum_rewards,
     sequence_kl,
+    token_kl,
 )
 from ..evaluation.callbacks import PromptSamplingCallback
 from ..rewards.wrapping import overlong_penalty
@@ -272,6 +273,7 @@ class Rollout:
         num_generations = host.num_generations if mode == "train" else host.num_generations_eval
         loss_mask = loss_tokens(output)
         token_counts = host.accelerator.gather(loss_mask.sum(dim=1).float())
+        token_inputs = self.token_inputs(output, loss_mask, mode)
         advantages, weights, active_rows = batch_advantages_and_weights(
             rewards,
             token_counts,
@@ -281,12 +283,16 @@ class Rollout:
             args.max_completion_length,
             active_groups,
             normalize_advantages=args.normalize_advantages,
+            **token_inputs,
             # the estimator's own fields (MaxRL's maxrl_reward_threshold), as its registration declares them
             **ADVANTAGE_ESTIMATORS.config_kwargs(args.advantage_estimator, args),
         )
         if active_rows is not None:
             output["row_active"] = active_rows[local_rows].to(loss_mask.dtype)
-        output["advantages"] = advantages[local_rows]
+        # token-level advantages were padded to the longest completion of all processes: this process's width back
+        output["advantages"] = (
+            advantages[local_rows] if advantages.dim() == 1 else advantages[local_rows, : loss_mask.shape[1]]
+        )
         output["loss_weights"] = weights[local_rows]
         if mode == "train":
             self.last_batch = TrainBatch(
@@ -295,11 +301,50 @@ class Rollout:
                 None if active_groups is None else active_groups.detach().clone(),
                 output["loss_weights"].detach().clone(),
             )
-        if log_advantages:
-            host._logs["advantages"].extend(advantages.tolist())
-        host._metrics[mode]["advantages/mean"].append(advantages.mean().item())
-        host._metrics[mode]["advantages/abs_mean"].append(advantages.abs().mean().item())
+        self.log_advantages(advantages, token_inputs.get("completion_mask"), mode, log_advantages)
         return advantages
+
+    def token_inputs(self, output: dict, loss_mask: torch.Tensor, mode: str) -> dict[str, Any]:
+        """What a token-level estimator (REINFORCE++'s) reads beside the rewards, for the gathered batch: each row's
+        counted tokens (``completion_mask``) and, with ``beta != 0``, the k1 KL of each token between ``π_old`` and
+        TRL's reference (``token_kl``, logged as ``kl``), padded to the longest completion of all processes; and
+        ``beta``. Empty for the other estimators."""
+        host = self.host
+        if not ADVANTAGE_ESTIMATORS.trait(host.args.advantage_estimator, "token_level", False):
+            return {}
+        accelerator = host.accelerator
+
+        def gathered(value: torch.Tensor) -> torch.Tensor:
+            return accelerator.gather(accelerator.pad_across_processes(value, dim=1, pad_index=0))
+
+        mask = gathered(loss_mask.float())
+        inputs: dict[str, Any] = {"completion_mask": mask, "beta": host.beta}
+        if host.beta != 0.0 and ADVANTAGE_ESTIMATORS.trait(host.args.advantage_estimator, "kl_in_return", False):
+            kl = token_kl(self.old_logps(output), output["ref_per_token_logps"], loss_mask)
+            inputs["token_kl"] = gathered(kl.float())
+            host._metrics[mode]["kl"].append(((inputs["token_kl"] * mask).sum() / mask.sum().clamp(min=1)).item())
+        return inputs
+
+    def log_advantages(self, advantages: torch.Tensor, mask: torch.Tensor | None, mode: str, table: bool) -> None:
+        """The completions table gets one advantage per completion (``per_completion``: a token-level estimator's
+        first token, the normalised return of the whole completion); ``advantages/mean`` and ``advantages/abs_mean``
+        average the batch's completions, or, for token-level advantages, its counted tokens (padding left out)."""
+        host = self.host
+        if table:
+            host._logs["advantages"].extend(per_completion(advantages).tolist())
+        values = advantages if advantages.dim() == 1 else advantages[mask.bool()]
+        host._metrics[mode]["advantages/mean"].append(values.mean().item() if values.numel() else 0.0)
+        host._metrics[mode]["advantages/abs_mean"].append(values.abs().mean().item() if values.numel() else 0.0)
+
+    def old_logps(self, output: dict) -> torch.Tensor:
+        """``π_old``'s log-probabilities of the sampled tokens: TRL's, or, where TRL skipped them (on-policy), a
+        no-grad forward of the policy now, kept in ``output`` so that the loss's ratio takes the same ``π_old``."""
+        old = output.get("old_per_token_logps")
+        if old is None:
+            with torch.no_grad():
+                old = self.host.behaviour_logps(output)
+            output["old_per_token_logps"] = old
+        return old
 
     # -------------------------------------------------------------------------------------------------- rewards
     def combined_rewards(
@@ -314,7 +359,8 @@ class Rollout:
 
     def shaped_rewards(self, combined, rewards_per_func, lengths, output: dict, mode: str) -> torch.Tensor:
         """The ``combined`` reward with the configured shaping: TRL RLOO's clipping, the MaxRL binary check, DAPO's
-        overlong penalty, RLOO's KL penalty."""
+        overlong penalty, RLOO's KL penalty. (REINFORCE++'s per-token KL is not reward shaping: its estimator reads it
+        when the batch is final, ``token_inputs``; ``π_old`` for it is computed here, with the round.)"""
         host, args = self.host, self.host.args
         metrics = host._metrics[mode]
         rewards = clip_rewards(combined.clone(), args.reward_clip_range)
@@ -328,11 +374,10 @@ class Rollout:
             rewards = rewards + penalty.to(rewards.dtype)
             metrics["overlong/penalty_mean"].append(penalty.mean().item())
             metrics["overlong/frac_penalized"].append((penalty < 0).float().mean().item())
+        if host.beta != 0.0 and ADVANTAGE_ESTIMATORS.trait(estimator, "kl_in_return", False):
+            self.old_logps(output)  # pi_old of the per-token KL, computed now so that it travels with every row
         if args.kl_in_reward and host.beta != 0.0:
-            old = output.get("old_per_token_logps")
-            if old is None:
-                old = host.behaviour_logps(output)
-                output["old_per_token_logps"] = old
+            old = self.old_logps(output)
             kl = host.accelerator.gather(sequence_kl(old, output["ref_per_token_logps"], output["completion_mask"]))
             rewards = rewards - host.beta * kl
             tokens = host.accelerator.gather(output["completion_mask"].sum(dim=1).float()).sum().clamp(min=1)
@@ -374,7 +419,7 @@ class Rollout:
         logged_values = [0.0] * plan.rounds[last_round].rewards.numel()
         for position, (round_index, row) in enumerate(row_sources):
             if round_index == last_round:
-                logged_values[row] = advantages[position].item()
+                logged_values[row] = per_completion(advantages)[position].item()
         logged = host._logs["advantages"]
         for _ in range(min(len(logged), len(logged_values))):
             logged.pop()
