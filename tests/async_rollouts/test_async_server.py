@@ -189,8 +189,9 @@ def _ahead_requests(trainer) -> list[dict]:
         (tr.CISPOConfig, tr.CISPOTrainer, dict(dynamic_sampling=False)),  # extra rounds: the next test
         (tr.DPPOConfig, tr.DPPOTrainer, {}),
         (tr.DAPOConfig, tr.DAPOTrainer, dict(dynamic_sampling=False)),
+        (tr.ReinforcePPConfig, tr.ReinforcePPTrainer, {}),  # per-token advantages, the KL in their return
     ],
-    ids=["clip", "clip-on-pi_old", "cispo", "dppo", "dapo"],
+    ids=["clip", "clip-on-pi_old", "cispo", "dppo", "dapo", "reinforce_pp"],
 )
 def test_each_batch_is_sampled_ahead_by_the_weights_of_k_steps_earlier(
     config_cls, trainer_cls, overrides, server_standin, tiny_model_path, tmp_path

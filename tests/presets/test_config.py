@@ -70,6 +70,13 @@ PRESET_DEFAULTS = {
         "beta": (0.05, "`RLOOConfig.beta`"),
         "num_generations": (2, "`RLOOConfig.num_generations`"),
     },
+    tr.ReinforcePPConfig: {
+        "advantage_estimator": ("reinforce_pp_baseline", "--algo.advantage.estimator reinforce_baseline"),
+        "policy_loss": ("clip", "`PolicyLoss`"),
+        "epsilon": (0.2, "`--actor.eps_clip` default 0.2"),
+        "loss_aggregation": ("token_mean", "`token_level_loss=True`"),
+        "beta": (0.01, "`--algo.kl.init_coef` default 0.01"),
+    },
     tr.DrGRPOConfig: {
         "advantage_estimator": ("dr_grpo", "Dr. GRPO §3.2"),
         "policy_loss": ("clip", "Dr. GRPO §3.2"),
@@ -100,6 +107,8 @@ DERIVED_DEFAULTS = {
     tr.DPPOConfig: dict(loss_type=None),
     tr.MaxRLConfig: dict(scale_rewards="none", epsilon_high=None),
     tr.DrGRPOConfig: dict(loss_type="dr_grpo", scale_rewards="none"),
+    # the clip with token_mean is TRL's loss_type="dapo"; no KL twice, no second normalisation
+    tr.ReinforcePPConfig: dict(loss_type="dapo", scale_rewards="none", kl_in_reward=False, normalize_advantages=False),
 }
 
 
@@ -228,6 +237,11 @@ def test_trl_fields_are_honoured(trl_kwargs, expected):
         (tr.RLOOConfig, {"reward_clip_range": (1.0,)}, "reward_clip_range must be a pair"),
         (tr.ReasoningConfig, {"reward_timeout": 0.0}, "reward_timeout must be > 0 seconds"),
         (tr.ScaleRLConfig, {"task_pass_threshold": float("nan")}, "task_pass_threshold must be a finite number"),
+        (tr.ReinforcePPConfig, {"kl_in_reward": True}, "kl_in_reward=True subtracts beta's KL from the sequence reward, but advantage_estimator='reinforce_pp_baseline' already"),
+        (tr.ReinforcePPConfig, {"advantage_estimator": "reinforce_pp", "kl_in_reward": True}, "the KL would count twice. Set kl_in_reward=False"),
+        (tr.ReinforcePPConfig, {"normalize_advantages": True}, "normalize_advantages=True standardises the advantages per completion"),
+        (tr.ReinforcePPConfig, {"beta": -0.01}, "beta must be >= 0 with advantage_estimator='reinforce_pp_baseline'"),
+        (tr.ReasoningConfig, {"advantage_estimator": "reinforce_pp", "kl_in_reward": True, "beta": 0.05}, "kl_in_reward=True subtracts"),
     ],
 )  # fmt: skip
 def test_invalid_values_fail_at_construction_naming_the_field(config_cls, kwargs, message):

@@ -20,6 +20,7 @@ from .dppo import DPPOConfig, DPPOTrainer
 from .dr_grpo import DrGRPOConfig, DrGRPOTrainer
 from .gspo import GSPOConfig, GSPOTrainer
 from .maxrl import MaxRLConfig, MaxRLTrainer
+from .reinforce_pp import ReinforcePPConfig, ReinforcePPTrainer
 from .rloo import RLOOConfig, RLOOTrainer
 from .scalerl import ScaleRLConfig, ScaleRLTrainer
 
@@ -77,6 +78,7 @@ PRESETS: tuple[Preset, ...] = (
     Preset(DPPOTrainer, "a trust region on the estimated policy divergence instead of ratio clipping"),
     Preset(MaxRLTrainer, "advantages normalized by the group's success rate (binary rewards)"),
     Preset(RLOOTrainer, "REINFORCE leave-one-out, TRL's `RLOOTrainer` math, KL in the reward"),
+    Preset(ReinforcePPTrainer, "per-token KL in the return, advantages normalised over the batch (OpenRLHF's)"),
     Preset(DrGRPOTrainer, "GRPO without its length and difficulty biases"),
     Preset(ScaleRLTrainer, "the ScaleRL recipe: batch-scaled advantages, CISPO, prompt-mean loss, async rollouts"),
 )
@@ -97,6 +99,8 @@ __all__ = [
     "GSPOTrainer",
     "MaxRLConfig",
     "MaxRLTrainer",
+    "ReinforcePPConfig",
+    "ReinforcePPTrainer",
     "RLOOConfig",
     "RLOOTrainer",
     "ScaleRLConfig",
