@@ -85,7 +85,7 @@ def test_the_built_wheel_has_the_package_its_types_and_trls_constraints(tmp_path
     assert "trl<1.17.0,>=1.16.0" in requires
     assert 'trl[vllm]; extra == "vllm"' in requires and 'trl[quantization]; extra == "quantization"' in requires
     assert "Typing :: Typed" in metadata.get_all("Classifier")
-    assert "trl-reasoning = trl_reasoning.cli:main" in entry_points
+    assert "trl-reasoning = trl_reasoning.demo.quiet:console_main" in entry_points
 
 
 # A path ending in .md (``docs/algorithms.md``, ``recipes/README.md``, ``shared/ALGORITHMS.md``), not part of a longer
