@@ -278,6 +278,21 @@ class ReasoningConfig(GRPOConfig):
             counted in `nonfinite_loss/skipped_steps` and warned about; more than this many consecutive skipped steps
             stop training with a `NonFiniteLossError`. `0` stops at the first one.
 
+        > Parameters of the reference reset
+
+        reference_reset_steps (`int` or `None`, *optional*, defaults to `None`):
+            ProRL's hard reset: every this many optimizer steps the KL reference becomes a copy of the current policy
+            and the optimizer's state (AdamW's moments and step counts) is cleared; the learning-rate schedule goes on.
+            A reset happens where a rollout batch ends (its reference log-probs were computed when it was scored), at
+            the first such boundary once the steps have passed. With LoRA the reference becomes the base model plus a
+            frozen copy of the adapter (TRL's `"ref"` adapter). Saved in checkpoints; logged as `reference/resets` and
+            `reference/last_reset_step`. Needs `beta != 0`; not with `sync_ref_model`, DeepSpeed or FSDP. `None`: no
+            scheduled reset (docs/algorithms.md, "ProRL").
+        reference_reset_kl (`float` or `None`, *optional*, defaults to `None`):
+            Also reset (as above) at the end of a rollout batch whose mean KL to the reference (the logged `kl`,
+            averaged over its micro-batches) exceeds this value. Needs the KL in the loss (`beta != 0`,
+            `kl_in_reward=False`). `None`: no KL trigger.
+
         > Parameters of DPPO
 
         dppo_divergence (`str`, *optional*, defaults to `"binary_tv"`):
@@ -478,6 +493,21 @@ class ReasoningConfig(GRPOConfig):
         metadata={
             "help": "Remove (with a warning naming them) prompts that cannot fit the model's context with "
             "max_completion_length; False = an error at construction."
+        },
+    )
+    reference_reset_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "ProRL's reference reset: every this many optimizer steps (at the end of a rollout batch) the KL "
+            "reference becomes the current policy and the optimizer's state is cleared. None = no scheduled reset. "
+            "Needs beta != 0."
+        },
+    )
+    reference_reset_kl: float | None = field(
+        default=None,
+        metadata={
+            "help": "Also reset the reference (and the optimizer's state) after a rollout batch whose mean KL to it "
+            "exceeds this value. None = no KL trigger. Needs beta != 0 and kl_in_reward=False."
         },
     )
 
@@ -681,7 +711,37 @@ class ReasoningConfig(GRPOConfig):
         self._validate_reward_fields()
         self._validate_ordering()
         self._resolve_overlong_cache_length()
+        self._validate_reference_reset()
         self._validate_variants()
+
+    def _validate_reference_reset(self) -> None:
+        """``reference_reset_steps`` and ``reference_reset_kl``: their values, and a reference to reset (``beta != 0``,
+        not TRL's own ``sync_ref_model``; the KL trigger reads the loss's KL)."""
+        steps, kl = self.reference_reset_steps, self.reference_reset_kl
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise ValueError(
+                f"reference_reset_steps must be a positive integer (optimizer steps) or None, got {steps!r}."
+            )
+        if kl is not None and (isinstance(kl, bool) or not isinstance(kl, (int, float)) or not 0 < kl < math.inf):
+            raise ValueError(f"reference_reset_kl must be a positive finite number or None, got {kl!r}.")
+        if steps is None and kl is None:
+            return
+        chosen = f"reference_reset_steps={steps}, reference_reset_kl={kl}"
+        if self.beta == 0.0:
+            raise ValueError(
+                f"{chosen} resets the KL reference, but beta=0.0 trains without one (TRL builds no reference). Set "
+                "beta > 0, or reference_reset_steps=None and reference_reset_kl=None."
+            )
+        if self.sync_ref_model:
+            raise ValueError(
+                f"{chosen} hard-resets the reference, which sync_ref_model=True also moves (TRL's soft mix every "
+                "ref_model_sync_steps). Choose one: sync_ref_model=False, or both reset fields None."
+            )
+        if kl is not None and self.kl_in_reward:
+            raise ValueError(
+                f"reference_reset_kl={kl} reads the KL of the loss, which kl_in_reward=True moves into the reward. "
+                "Set kl_in_reward=False, or reference_reset_kl=None (reference_reset_steps works with either)."
+            )
 
     def _validate_delta(self) -> None:
         """``delta`` (two-sided clipping) applies to the losses that take it; TRL runs some losses without it (they

@@ -82,6 +82,7 @@ from ..utils.user_warnings import user_stacklevel
 from .checkpoints import last_complete_checkpoint
 from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
 from .prompt_lengths import ContextGuard, render_prompts
+from .reference_reset import reference_reset_for
 from .rollout import Rollout, RolloutHost, loss_tokens
 from .topk_forward import FORWARD_KEYS, TopKForwardMixin, model_inputs
 
@@ -386,6 +387,11 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self.add_callback(self.rollout.callback)
         # Non-finite loss guard: compute_loss records each micro-batch, the optimizer's step reads it.
         self._nonfinite_guard = NonFiniteStepGuard(self.args.nonfinite_loss_patience)
+        # ProRL's reference reset (reference_reset_steps / reference_reset_kl): reference := policy and a fresh optimizer
+        # state at a rollout boundary (trainer/reference_reset.py); its state and the reference go in checkpoints.
+        self.reference_reset = reference_reset_for(self)
+        if self.reference_reset is not None:
+            self.add_callback(self.reference_reset)
         # DPPO top-K (TopKForwardMixin's defaults: LM head from the hidden states, no engine top-K): vLLM's own top-K
         # when vLLM generates.
         if self.use_vllm and self._uses_topk_divergence:
@@ -876,6 +882,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             getattr(self, "async_rollouts", None) is not None
         ):  # every process: each keeps the sampled batches of its rows
             self.async_rollouts.save(folder, write_shared=self.args.should_save)
+        if getattr(self, "reference_reset", None) is not None:
+            self.reference_reset.save(folder, write=self.args.should_save)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
@@ -884,6 +892,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             if getattr(self, "async_rollouts", None) is not None:
                 self.async_rollouts.restore(checkpoint)
             self.rollout.restore(checkpoint)
+            if self.reference_reset is not None:
+                self.reference_reset.restore(checkpoint)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         """``Trainer.train``, where ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint of
@@ -1209,3 +1219,5 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         )
         for key, value in means.items():
             self._metrics[mode][key].append(value)
+        if mode == "train" and "kl" in means and getattr(self, "reference_reset", None) is not None:
+            self.reference_reset.observe_kl(means["kl"])  # its KL trigger reads the KL of each rollout batch
