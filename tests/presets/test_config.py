@@ -44,6 +44,20 @@ PRESET_DEFAULTS = {
         "gradient_accumulation_steps": (1, "TRL's paper index `gradient_accumulation_steps=1`"),
         "steps_per_generation": (4, "GSPO §5.1"),
     },
+    tr.ProRLConfig: {
+        "advantage_estimator": ("grpo", "ProRL §2.1"),
+        "policy_loss": ("clip", "ProRL §2.2, 'Mitigating Entropy Collapse'"),
+        "epsilon": (0.2, "ε_low = 0.2"),
+        "epsilon_high": (0.4, "ε_high = 0.4"),
+        "loss_aggregation": ("token_mean", "token-level policy-gradient loss"),
+        "dynamic_sampling": (True, "DAPO's dynamic sampling"),
+        "temperature": (1.2, "rollout temperature 1.2"),
+        "num_generations": (16, "16 responses sampled per prompt"),
+        "beta": (1e-4, "β = 1e-4"),
+        "steps_per_generation": (4, "four updates per rollout"),
+        "lr_scheduler_type": ("constant", "constant learning rate"),
+        "reference_reset_steps": (200, "'KL Regularization and Reference Policy Reset'"),  # 200: ProRL v2's low end
+    },
     tr.DPPOConfig: {
         "advantage_estimator": ("dr_grpo", "norm_adv_by_std_in_grpo=False"),  # run_qwen30b_dppo.sh
         "policy_loss": ("dppo", "DPPO §4.3 Eq. 12"),
@@ -104,6 +118,8 @@ DERIVED_DEFAULTS = {
     tr.CISPOConfig: dict(loss_type="cispo", overlong_cache_length=102),  # 20% of TRL's 512 tokens
     # TRL's documented GSPO recipe: its loss_type and sequence-level ratio; 8 completions x 4 micro-batches per rollout
     tr.GSPOConfig: dict(loss_type="grpo", importance_sampling_level="sequence", generation_batch_size=32),
+    # DAPO's loss under TRL's name; 8 completions x 4 micro-batches per rollout (2 prompts of 16)
+    tr.ProRLConfig: dict(loss_type="dapo", scale_rewards="group", generation_batch_size=32, kl_in_reward=False),
     tr.DPPOConfig: dict(loss_type=None),
     tr.MaxRLConfig: dict(scale_rewards="none", epsilon_high=None),
     tr.DrGRPOConfig: dict(loss_type="dr_grpo", scale_rewards="none"),

@@ -20,6 +20,7 @@ from .dppo import DPPOConfig, DPPOTrainer
 from .dr_grpo import DrGRPOConfig, DrGRPOTrainer
 from .gspo import GSPOConfig, GSPOTrainer
 from .maxrl import MaxRLConfig, MaxRLTrainer
+from .prorl import ProRLConfig, ProRLTrainer
 from .reinforce_pp import ReinforcePPConfig, ReinforcePPTrainer
 from .rloo import RLOOConfig, RLOOTrainer
 from .scalerl import ScaleRLConfig, ScaleRLTrainer
@@ -75,6 +76,7 @@ PRESETS: tuple[Preset, ...] = (
     Preset(DAPOTrainer, "clip-higher, token-mean loss, dynamic sampling, soft overlong punishment"),
     Preset(CISPOTrainer, "clipped importance-sampling weights: every token keeps its gradient (MiniMax-M1's recipe)"),
     Preset(GSPOTrainer, "one length-normalised importance ratio per sequence, clipped per sequence (Qwen3's RL)"),
+    Preset(ProRLTrainer, "DAPO with the KL term kept, its reference and the optimizer hard-reset periodically"),
     Preset(DPPOTrainer, "a trust region on the estimated policy divergence instead of ratio clipping"),
     Preset(MaxRLTrainer, "advantages normalized by the group's success rate (binary rewards)"),
     Preset(RLOOTrainer, "REINFORCE leave-one-out, TRL's `RLOOTrainer` math, KL in the reward"),
@@ -99,6 +101,8 @@ __all__ = [
     "GSPOTrainer",
     "MaxRLConfig",
     "MaxRLTrainer",
+    "ProRLConfig",
+    "ProRLTrainer",
     "ReinforcePPConfig",
     "ReinforcePPTrainer",
     "RLOOConfig",
