@@ -287,7 +287,7 @@ class ReasoningConfig(GRPOConfig):
             the first such boundary once the steps have passed. With LoRA the reference becomes the base model plus a
             frozen copy of the adapter (TRL's `"ref"` adapter). Saved in checkpoints; logged as `reference/resets` and
             `reference/last_reset_step`. Needs `beta != 0`; not with `sync_ref_model`, DeepSpeed or FSDP. `None`: no
-            scheduled reset (docs/algorithms.md, "ProRL").
+            scheduled reset (docs/prorl.md).
         reference_reset_kl (`float` or `None`, *optional*, defaults to `None`):
             Also reset (as above) at the end of a rollout batch whose mean KL to the reference (the logged `kl`,
             averaged over its micro-batches) exceeds this value. Needs the KL in the loss (`beta != 0`,
