@@ -190,8 +190,14 @@ def _ahead_requests(trainer) -> list[dict]:
         (tr.DPPOConfig, tr.DPPOTrainer, {}),
         (tr.DAPOConfig, tr.DAPOTrainer, dict(dynamic_sampling=False)),
         (tr.ReinforcePPConfig, tr.ReinforcePPTrainer, {}),  # per-token advantages, the KL in their return
+        # the KL term with its reference reset every 2 steps; one generation per optimizer step, as the server needs
+        (
+            tr.ProRLConfig,
+            tr.ProRLTrainer,
+            dict(dynamic_sampling=False, steps_per_generation=1, reference_reset_steps=2),
+        ),
     ],
-    ids=["clip", "clip-on-pi_old", "cispo", "dppo", "dapo", "reinforce_pp"],
+    ids=["clip", "clip-on-pi_old", "cispo", "dppo", "dapo", "reinforce_pp", "prorl"],
 )
 def test_each_batch_is_sampled_ahead_by_the_weights_of_k_steps_earlier(
     config_cls, trainer_cls, overrides, server_standin, tiny_model_path, tmp_path
@@ -220,6 +226,10 @@ def test_each_batch_is_sampled_ahead_by_the_weights_of_k_steps_earlier(
     else:
         assert logged_metric(trainer, "sampling/importance_sampling_ratio/mean"), "TRL's IS correction did not run"
     assert trainer.pipeline._generator is None, "the request thread outlived train()"
+    if trainer.reference_reset is not None:  # ProRL: the trainer scores its own reference, reset at steps 2, 4, 6
+        assert logged_metric(trainer, "reference/resets") == [0.0, 1.0, 1.0, 2.0, 2.0, 3.0]
+        kl = logged_metric(trainer, "kl")
+        assert abs(kl[2]) < 1e-7 and abs(kl[4]) < 1e-7 and kl[1] > 0, kl  # 0 right after each reset
 
 
 def test_evaluation_and_extra_rounds_use_the_servers_right_weights(server_standin, tiny_model_path, tmp_path):

@@ -303,6 +303,26 @@ def test_an_asynchronous_run_scores_the_reference_with_the_trainers_weights(tiny
 
 
 @pytest.mark.slow
+def test_a_generator_process_samples_while_the_trainer_scores_the_reference(tiny_model_path, tmp_path):
+    """The same with a generator process sampling ahead: its model copy has no reference (it is shipped the trainable
+    weights only), and the trainer's reference forward still makes the KL 0 right after every reset."""
+    trainer = _trainer(
+        tiny_model_path,
+        tmp_path,
+        steps_per_generation=1,
+        per_device_train_batch_size=8,
+        reference_reset_steps=1,
+        async_rollouts=True,
+        async_generator="process",
+        max_staleness=1,
+    )
+    trainer.train()
+    assert logged_metric(trainer, "async/staleness") == [0.0, 1.0, 1.0]
+    assert logged_metric(trainer, "reference/resets") == [1.0, 2.0, 3.0]
+    assert all(abs(kl) < 1e-7 for kl in logged_metric(trainer, "kl")), logged_metric(trainer, "kl")
+
+
+@pytest.mark.slow
 def test_two_processes_reset_at_the_same_steps(tiny_model_path, tmp_path):
     """The KL trigger under two gloo processes: the KL each rank reads is averaged over both, and the decision is
     reduced across them, so both reset at the same steps and end with the same reference and policy."""

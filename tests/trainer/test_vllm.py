@@ -15,7 +15,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 HAS_CUDA = torch.cuda.is_available()
 
 
-@pytest.mark.parametrize("name", ["DAPO", "CISPO", "DPPO", "MaxRL", "RLOO", "DrGRPO"])
+@pytest.mark.parametrize("name", ["DAPO", "CISPO", "ProRL", "DPPO", "MaxRL", "RLOO", "DrGRPO"])
 def test_vllm_colocate_config_wiring(name):
     config = getattr(tr, f"{name}Config")(
         **cpu_args(),
