@@ -25,6 +25,7 @@ from trl_reasoning.trainer.reference_reset import (
     ReferenceReset,
     ReferenceResetError,
     innermost_optimizer,
+    reference_reset_for,
     reset_optimizer_state,
 )
 
@@ -127,6 +128,17 @@ def test_the_reset_is_off_unless_a_field_asks_for_it():
 
 
 # ------------------------------------------------------------------------------------------------------ units
+
+
+@pytest.mark.parametrize("engine", ["is_deepspeed_enabled", "is_fsdp_enabled"])
+def test_deepspeed_and_fsdp_refuse_the_reset_by_name(engine):
+    host = SimpleNamespace(args=SimpleNamespace(reference_reset_steps=200, reference_reset_kl=None), **{engine: True})
+    with pytest.raises(
+        ReferenceResetError, match=r"reference_reset_steps=200 / reference_reset_kl=None: .* DeepSpeed"
+    ):
+        reference_reset_for(host)
+    host.args.reference_reset_steps = None  # off: nothing to refuse
+    assert reference_reset_for(host) is None
 
 
 def test_the_optimizer_state_is_dropped_inside_a_wrapper_and_rebuilt_as_at_the_first_step():
