@@ -291,7 +291,8 @@ class ReasoningConfig(GRPOConfig):
         reference_reset_kl (`float` or `None`, *optional*, defaults to `None`):
             Also reset (as above) at the end of a rollout batch whose mean KL to the reference (the logged `kl`,
             averaged over its micro-batches) exceeds this value. Needs the KL in the loss (`beta != 0`,
-            `kl_in_reward=False`). `None`: no KL trigger.
+            `kl_in_reward=False`, and not REINFORCE++'s estimators, which put it in each token's return). `None`: no
+            KL trigger.
 
         > Parameters of DPPO
 
@@ -741,6 +742,12 @@ class ReasoningConfig(GRPOConfig):
             raise ValueError(
                 f"reference_reset_kl={kl} reads the KL of the loss, which kl_in_reward=True moves into the reward. "
                 "Set kl_in_reward=False, or reference_reset_kl=None (reference_reset_steps works with either)."
+            )
+        if kl is not None and ADVANTAGE_ESTIMATORS.trait(self.advantage_estimator, "kl_in_return", False):
+            raise ValueError(
+                f"reference_reset_kl={kl} reads the KL of the loss, which advantage_estimator="
+                f"{self.advantage_estimator!r} puts in each token's return instead. Set reference_reset_kl=None "
+                "(reference_reset_steps works with it)."
             )
 
     def _validate_delta(self) -> None:

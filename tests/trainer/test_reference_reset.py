@@ -110,10 +110,23 @@ def _differ(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
         ),
         (
             {"reference_reset_kl": 0.1, "beta": 0.1, "kl_in_reward": True},
-            r"reference_reset_kl=0.1 reads the KL of the loss",
+            r"reference_reset_kl=0.1 reads the KL of the loss, which kl_in_reward=True",
+        ),
+        (
+            {"reference_reset_kl": 0.1, "beta": 0.1, "advantage_estimator": "reinforce_pp"},
+            r"reference_reset_kl=0.1 reads the KL of the loss, which advantage_estimator='reinforce_pp' puts",
         ),
     ],
-    ids=["steps_zero", "steps_bool", "kl_zero", "kl_inf", "beta_zero", "sync_ref_model", "kl_in_reward"],
+    ids=[
+        "steps_zero",
+        "steps_bool",
+        "kl_zero",
+        "kl_inf",
+        "beta_zero",
+        "sync_ref_model",
+        "kl_in_reward",
+        "kl_in_return",
+    ],
 )
 def test_reset_config_errors_name_the_fields(kwargs, message):
     with pytest.raises(ValueError, match=message):
