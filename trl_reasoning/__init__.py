@@ -1,4 +1,5 @@
-"""trl-reasoning: DAPO, CISPO, GSPO, ProRL, DPPO, MaxRL, RLOO, Dr. GRPO and ScaleRL as drop-in TRL trainers.
+"""trl-reasoning: DAPO, CISPO, GSPO, REINFORCE++, ProRL, DPPO, MaxRL, RLOO, Dr. GRPO and ScaleRL as drop-in TRL
+trainers.
 
 Swap ``GRPOTrainer``/``GRPOConfig`` for ``DAPOTrainer``/``DAPOConfig`` (or another preset) and keep the rest.
 
