@@ -91,3 +91,16 @@ def test_the_console_script_demo_is_as_quiet_as_python_m():
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("usage: trl-reasoning demo"), result.stdout[:500]
     assert "gemm_4bit_forward" not in result.stdout + result.stderr, result.stderr[-3000:]
+
+
+def test_the_main_job_hides_the_gguf_conversion_progress_bar():
+    """The first run of the main job converts the real model, and transformers' GGUF loader draws a ``tqdm`` bar
+    ("Converting and de-quantizing GGUF tensors...") that the tiny job above never meets: the main job's quieting
+    turns tqdm off before it is imported (``TQDM_DISABLE``, unless the user set it)."""
+    bar = "from tqdm.auto import tqdm; [None for _ in tqdm(range(3), desc='Converting and de-quantizing GGUF tensors...')]"
+    quieted = f"from trl_reasoning.demo.quiet import quiet_library_noise; quiet_library_noise(); {bar}"
+    env = {key: value for key, value in os.environ.items() if key != "TQDM_DISABLE"}
+    quiet = subprocess.run([sys.executable, "-c", quieted], capture_output=True, text=True, timeout=120, env=env)
+    assert quiet.returncode == 0 and quiet.stdout + quiet.stderr == "", quiet.stderr
+    plain = subprocess.run([sys.executable, "-c", bar], capture_output=True, text=True, timeout=120, env=env)
+    assert "Converting and de-quantizing" in plain.stderr  # what a script of the user's own still shows

@@ -11,7 +11,11 @@
   warning of the logger ``DeepSpeed``, which writes to stdout with a handler of its own; the demo runs on the CPU
   on purpose;
 - transformers, when TRL unwraps the model for generation: "`is_gradient_checkpointing` is deprecated ..." — a
-  ``FutureWarning`` issued in ``transformers.modeling_utils``, for TRL's developers.
+  ``FutureWarning`` issued in ``transformers.modeling_utils``, for TRL's developers;
+- transformers' GGUF loader, on the first run only (the model's conversion): a "Converting and de-quantizing GGUF
+  tensors..." progress bar of ``tqdm`` (not transformers' own switchable bar); the job prints the conversion's time
+  on its next line ("model: ... ready in N s"). ``TQDM_DISABLE=1`` is set unless the user set it, before tqdm is
+  imported (tqdm reads it then).
 
 Only the main job installs these, before its first import of those libraries: ``python -m trl_reasoning.demo``
 (its ``__main__``) and ``trl-reasoning demo`` (:func:`console_main`, the console script). A user's own script that
@@ -21,6 +25,7 @@ imports trl_reasoning, and every other ``trl-reasoning`` command, sees every one
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
 #: ``(logger name, start of the message)``: the log records the main job drops.
@@ -55,6 +60,7 @@ def quiet_library_noise() -> None:
             logger.addFilter(_DropRecordsStartingWith(prefix))
     for category, message, module in NOISE_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 def console_main() -> None:
