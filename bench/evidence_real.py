@@ -38,6 +38,14 @@ Claims (arm A vs arm B; the measure; what the paper expects):
   clip fraction and the sampler ratio of each arm; CISPO and DPPO expect to do better than clipping.
 * ``scalerl_vs_dapo``: the ScaleRL preset vs the DAPO preset, each with its own defaults, at the same generated-token
   budget; held-out pass@1; ScaleRL expects its recipe to do better.
+* ``gspo_stale`` and ``gspo_async_k8``: GSPO's sequence ratio and clip (3e-4 / 4e-4) vs its paper's GRPO baseline, the
+  token ratio clipped at 0.2 / 0.27, both aggregated as the GSPO preset does, on completions of up to 96 tokens, with
+  each rollout batch split over 4 optimizer steps or asynchronous at k = 8; 16 optimizer steps, 4 seeds; held-out
+  pass@1; GSPO expects to do better.
+* ``reinforce_pp_mixed``: estimator ``reinforce_pp_baseline`` (group mean, then the batch's token statistics) vs
+  ``grpo`` (the group's std) on add/sub/mul, beta 0 both; held-out pass@1; REINFORCE++ expects to do better.
+* ``prorl_reset``: the reference and optimizer reset every 12 steps vs none, beta 0.01, clip 0.2 / 0.4; 48 optimizer
+  steps, 4 seeds; held-out pass@1; ProRL expects the reset to keep the run improving.
 
 Runs take minutes each on a CPU; every finished run is appended to ``bench/evidence_real_runs.json`` at once, and a
 later invocation skips the runs already there, so the table fills across sessions:
@@ -80,6 +88,14 @@ _TRL_SAMPLER_DIFFERENCE = "sampling/sampling_logp_difference/mean"  # the same |
 _BASE = {"advantage_estimator": "grpo", "loss_aggregation": "token_mean", "dynamic_sampling": False}
 _CLIP = {"policy_loss": "clip", "epsilon": 0.2, "epsilon_high": 0.28}
 _STALE = {"steps_per_generation": 4, "num_iterations": 1}
+#: GSPO's objective with its paper's ranges (§5.1), and that section's GRPO baseline: the token ratio clipped at
+#: 0.2 / 0.27; both aggregate as GSPO's preset does (a mean over sequences of token means)
+_GSPO = {"policy_loss": "gspo", "epsilon": 3e-4, "epsilon_high": 4e-4}
+_GSPO_BASELINE = {"policy_loss": "clip", "epsilon": 0.2, "epsilon_high": 0.27}
+_SEQ_MEAN = {"loss_aggregation": "seq_mean_token_mean"}
+_LONG = {"max_completion_length": 96}
+_CLIP_SYMMETRIC = {"policy_loss": "clip", "epsilon": 0.2, "epsilon_high": 0.2}  # REINFORCE++'s (OpenRLHF eps_clip)
+_PRORL_CLIP = {"policy_loss": "clip", "epsilon": 0.2, "epsilon_high": 0.4}  # ProRL's clip-higher
 #: PipelineRL-8, ScaleRL's regime: every batch sampled by the weights of 8 optimizer steps earlier, used once (the
 #: in-process generator gives the same batches as the worker process, without needing a third core)
 _ASYNC_K8 = {"async_rollouts": True, "max_staleness": 8, "async_generator": "inline", "num_iterations": 1}
@@ -234,6 +250,56 @@ CLAIMS: dict[str, dict] = {
     "scalerl_vs_dapo": {
         "arms": {"scalerl": {"preset": "scalerl"}, "dapo": {"preset": "dapo"}},
         "compare": [_pair("scalerl", "dapo", "pass@1", "higher", "ScaleRL: its recipe over DAPO's at equal compute")],
+    },
+    # GSPO (§5, Fig. 1): its sequence ratio and sequence clip train better than GRPO's token ratios once the data is
+    # off-policy - each rollout batch split over 4 optimizer steps (the paper's minibatches), and PipelineRL-8 - on
+    # completions long enough for a sequence ratio to differ from its tokens' (up to 96 tokens: before training
+    # SmolLM2 explains before it answers). The paper's unit is training steps; each run is ~6x a 16-token one.
+    "gspo_stale": {
+        "arms": {
+            "gspo": {**_BASE, **_SEQ_MEAN, **_GSPO, **_STALE, **_LONG},
+            "grpo": {**_BASE, **_SEQ_MEAN, **_GSPO_BASELINE, **_STALE, **_LONG},
+        },
+        "unit": "steps",
+        "budget": 16,
+        "seeds": 4,
+        "compare": [_pair("gspo", "grpo", "pass@1", "higher", "GSPO over GRPO's token ratio, minibatched rollouts")],
+    },
+    "gspo_async_k8": {
+        "arms": {
+            "gspo": {**_BASE, **_SEQ_MEAN, **_GSPO, **_ASYNC_K8, **_LONG},
+            "grpo": {**_BASE, **_SEQ_MEAN, **_GSPO_BASELINE, **_ASYNC_K8, **_LONG},
+        },
+        "unit": "steps",
+        "budget": 16,
+        "seeds": 4,
+        "compare": [_pair("gspo", "grpo", "pass@1", "higher", "GSPO over GRPO's token ratio, asynchronous k = 8")],
+    },
+    # REINFORCE++-baseline (Hu et al.): the group mean subtracted, then normalised over the batch's tokens, against
+    # GRPO's per-group std, on add/sub/mul (easy additions beside hard products: where group and batch scaling
+    # differ). One change, the estimator; beta 0 in both, so the KL in the return is not part of the comparison.
+    "reinforce_pp_mixed": {
+        "arms": {
+            "reinforce_pp_baseline": {**_BASE, **_CLIP_SYMMETRIC, "advantage_estimator": "reinforce_pp_baseline"},
+            "grpo": {**_BASE, **_CLIP_SYMMETRIC},
+        },
+        "compare": [
+            _pair("reinforce_pp_baseline", "grpo", "pass@1", "higher", "REINFORCE++-baseline over GRPO, mixed prompts")
+        ],
+    },
+    # ProRL (§2.2): the reference and the optimizer reset keep a KL-regularised run improving. One change, the reset
+    # (every 12 steps, 3 resets in 48); beta 0.01, not the paper's 1e-4, which does not bind in 48 steps of LoRA on a
+    # 135M model: this tests the mechanism at a horizon where the KL can hold the policy back, not ProRL's thousands
+    # of steps.
+    "prorl_reset": {
+        "arms": {
+            "reset": {**_BASE, **_PRORL_CLIP, "beta": 0.01, "reference_reset_steps": 12},
+            "no_reset": {**_BASE, **_PRORL_CLIP, "beta": 0.01},
+        },
+        "unit": "steps",
+        "budget": 48,
+        "seeds": 4,
+        "compare": [_pair("reset", "no_reset", "pass@1", "higher", "ProRL: the reference reset, KL-regularised run")],
     },
 }
 
@@ -743,14 +809,15 @@ def summarize(options) -> str:
     loads = [run.get("load", float("nan")) for run in runs.values()]
     hours = sum(run.get("wall_s", 0.0) for run in runs.values()) / 3600
     missing = _runs_missing(runs, options.budget, seeds=8)
+    own_seeds = ", ".join(f"{claim} {spec['seeds']}" for claim, spec in CLAIMS.items() if "seeds" in spec)
     per_run = statistics.median(run["wall_s"] for run in runs.values() if "wall_s" in run)
     to_do = (
-        f"Every arm of every claim at its seeds (8; async_k8_long 4) needs {sum(missing.values())} more runs "
+        f"Every arm of every claim at its seeds (8; {own_seeds}) needs {sum(missing.values())} more runs "
         f"({', '.join(f'{claim} {count}' for claim, count in missing.items() if count)}): about "
         f"{sum(missing.values()) * per_run / 2 / 3600:.1f} h at the median {per_run:.0f} s a run, two at a time "
         "(runs in steps take longer)."
         if any(missing.values())
-        else f"Every arm of every claim has its seeds (8; async_k8_long 4; median {per_run:.0f} s a run)."
+        else f"Every arm of every claim has its seeds (8; {own_seeds}; median {per_run:.0f} s a run)."
     )
     no_curve = _runs_without_curves(runs, budget=options.budget)
     table = (

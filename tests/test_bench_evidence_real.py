@@ -67,6 +67,37 @@ def test_the_paper_rows_compare_against_each_paper_s_own_baseline_and_unit(evide
     assert evidence.claim_budget("async_k8_long", 4000)[1] >= 50
 
 
+def _differing(arms: dict) -> set[str]:
+    first, second = arms.values()
+    return {key for key in first.keys() | second.keys() if first.get(key) != second.get(key)}
+
+
+def test_the_successors_rows_change_one_thing_against_each_paper_s_baseline(evidence):
+    """GSPO against its paper's GRPO (the token ratio at 0.2 / 0.27) on long completions, off-policy both ways, in
+    steps; REINFORCE++-baseline against GRPO by the estimator alone; ProRL's reset against the same run without it."""
+    for claim in ("gspo_stale", "gspo_async_k8"):
+        spec = evidence.CLAIMS[claim]
+        assert _differing(spec["arms"]) == {"policy_loss", "epsilon", "epsilon_high"}, claim
+        gspo, grpo = spec["arms"]["gspo"], spec["arms"]["grpo"]
+        assert (gspo["policy_loss"], gspo["epsilon"], gspo["epsilon_high"]) == ("gspo", 3e-4, 4e-4)
+        assert (grpo["policy_loss"], grpo["epsilon"], grpo["epsilon_high"]) == ("clip", 0.2, 0.27)
+        assert gspo["max_completion_length"] >= 64 and gspo["loss_aggregation"] == "seq_mean_token_mean"
+        assert spec["unit"] == "steps" and spec["seeds"] >= 4
+    assert evidence.CLAIMS["gspo_stale"]["arms"]["gspo"]["steps_per_generation"] == 4
+    assert evidence.CLAIMS["gspo_async_k8"]["arms"]["gspo"]["max_staleness"] == 8
+    reinforce = evidence.CLAIMS["reinforce_pp_mixed"]["arms"]
+    assert _differing(reinforce) == {"advantage_estimator"}
+    assert reinforce["reinforce_pp_baseline"]["advantage_estimator"] == "reinforce_pp_baseline"
+    prorl = evidence.CLAIMS["prorl_reset"]
+    assert _differing(prorl["arms"]) == {"reference_reset_steps"}
+    assert prorl["budget"] > 3 * prorl["arms"]["reset"]["reference_reset_steps"]  # resets happen within the run
+    assert all(
+        pair["paper"]
+        for claim in ("gspo_stale", "reinforce_pp_mixed", "prorl_reset")
+        for pair in evidence.CLAIMS[claim]["compare"]
+    )
+
+
 @pytest.mark.parametrize(
     ("differences", "expects", "said"),
     [
