@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from trl_reasoning import PRESETS, cli
+from trl_reasoning.presets import preset
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -20,7 +21,11 @@ GSM8K_RECIPES = sorted(RECIPES.glob("gsm8k/qwen2.5-*.yaml"))
 # Recipes target GPUs (bf16); parsing them here only needs the config to accept a CPU.
 CPU = ["--use_cpu", "true"]
 #: What a preset sets on the command line over a recipe's value (recipes/README.md says so), keyed by preset name.
-PRESET_FLAGS = {"rloo": ["--num_generations", "4"], "gspo": ["--steps_per_generation", "16"]}
+PRESET_FLAGS = {
+    "rloo": ["--num_generations", "4"],
+    "gspo": ["--steps_per_generation", "16"],
+    "prorl": ["--temperature", "1.2", "--num_generations", "16", "--steps_per_generation", "16"],
+}
 
 
 def recipe_id(path: Path) -> str:
@@ -95,13 +100,16 @@ def test_the_documented_per_preset_flags_override_the_recipe(path):
     readme = (RECIPES / "README.md").read_text()
     for name, flags in PRESET_FLAGS.items():
         assert f"trl-reasoning {name} --config recipes/gsm8k/qwen2.5-1.5b-lora.yaml {shlex.join(flags)}" in readme
-        assert f"{name.upper()}: add {shlex.join(flags)}" in path.read_text()  # the recipe's header says it too
+        header = f"{preset(name).display_name}: add {shlex.join(flags)}"
+        assert header in path.read_text()  # the recipe's header says it too
         _, args, _, _ = cli.parse(name, ["--config", str(path), *flags, *CPU])
-        field, value = flags[0].removeprefix("--"), int(flags[1])
-        assert getattr(args, field) == value and args.output_dir.endswith(f"-{name}")
-    # GSPO's flag gives the recipe the paper's four optimizer steps per rollout batch
-    _, gspo, _, _ = cli.parse("gspo", ["--config", str(path), *PRESET_FLAGS["gspo"], *CPU])
-    assert gspo.steps_per_generation // gspo.gradient_accumulation_steps == 4
+        for flag, value in zip(flags[::2], flags[1::2]):
+            assert getattr(args, flag.removeprefix("--")) == type(getattr(args, flag.removeprefix("--")))(value)
+        assert args.output_dir.endswith(f"-{name}")
+    # GSPO's and ProRL's flag gives the recipe their papers' four optimizer steps per rollout batch
+    for name in ("gspo", "prorl"):
+        _, args, _, _ = cli.parse(name, ["--config", str(path), *PRESET_FLAGS[name], *CPU])
+        assert args.steps_per_generation // args.gradient_accumulation_steps == 4, name
 
 
 @pytest.mark.parametrize("name", ["ddp", "zero2", "zero3", "fsdp2", "multi_node"])
