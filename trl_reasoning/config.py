@@ -520,10 +520,31 @@ class ReasoningConfig(GRPOConfig):
         self._resolve_advantage_estimator()
         self._validate_reasoning_fields()
         self._resolve_truncated_support_scoring()
-        super().__post_init__()
+        try:
+            super().__post_init__()
+        except ValueError as error:
+            explained = self._preset_group_size_error(error)
+            if explained is error:
+                raise
+            raise explained from error
         # The model card tells what the user set from what __post_init__ derived, without building a config later
         # (building one mid-training resets accelerate's global state).
         record_derived_values(self, passed)
+
+    def _preset_group_size_error(self, error: ValueError) -> ValueError:
+        """TRL's "must be divisible by num_generations" names a group size the user may never have set: a preset's
+        own (ProRL's 16). Say so, and the ways out; any other error unchanged."""
+        field_default = {f.name: f.default for f in dataclasses.fields(self)}["num_generations"]
+        trl_default = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}["num_generations"]
+        if "divisible by num_generations" not in str(error) or field_default == trl_default:
+            return error
+        if self.num_generations != field_default:
+            return error
+        return ValueError(
+            f"{error} num_generations={field_default} is {type(self).__name__}'s default (GRPOConfig's is "
+            f"{trl_default}): make per_device_train_batch_size x steps_per_generation (or generation_batch_size) a "
+            f"multiple of {field_default}, or set num_generations."
+        )
 
     # Secrets (`hub_token`, ...) never leave the process: the repr and pickles (`training_args.bin`, written by the
     # Trainer next to every checkpoint) replace them with a placeholder; in-process copies keep them.

@@ -295,3 +295,20 @@ def test_each_trainer_is_paired_with_its_config(name):
     assert trainer_cls.config_class is config_cls
     assert issubclass(trainer_cls, tr.ReasoningTrainer) and issubclass(config_cls, tr.ReasoningConfig)
     assert trainer_cls._paper["id"] in (config_cls.__doc__ or "")  # the docstring cites the paper the card cites
+
+
+def test_a_preset_s_own_group_size_is_named_when_the_batch_does_not_divide_by_it(tmp_path):
+    """ProRL samples 16 completions per prompt where GRPOConfig samples 8: a batch that suits GRPOConfig fails TRL's
+    divisibility check with a group size the user never set, so the error says whose default it is and the way out;
+    a group size the user did set keeps TRL's message."""
+    common = dict(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=8, generation_batch_size=24)
+    GRPOConfig(**common)  # TRL accepts this batch with its own group size
+    with pytest.raises(ValueError, match="num_generations=16 is ProRLConfig's default") as caught:
+        tr.ProRLConfig(**common)
+    assert "must be divisible by num_generations (16)" in str(caught.value)
+    with pytest.raises(ValueError) as chosen:
+        tr.ProRLConfig(**common, num_generations=5)
+    assert "default" not in str(chosen.value)
+    with pytest.raises(ValueError, match="divisible by num_generations") as dapo:
+        tr.DAPOConfig(**{**common, "generation_batch_size": 16}, num_generations=6)
+    assert "default" not in str(dapo.value)
