@@ -826,7 +826,10 @@ def summarize(options) -> str:
         f"x 8 samples; arms paired by seed, 95% Student-t interval of the "
         f"per-seed differences; 'resolvable ±' is the interval's half-width, the smallest effect these seeds could "
         f"call. {len(runs)} runs recorded, {hours:.1f} h of wall time in all (two runs at a time); machine load (1-min "
-        f"average at the end of each run): median {statistics.median(loads):.1f} on 2 cores. {to_do}\n\n"
+        f"average at the end of each run): median {statistics.median(loads):.1f} on 2 cores. {to_do} A '–' is a "
+        "measure the arm does not have (no clip, no off-policy weights) or that its runs did not record: the k = 8 "
+        "arms run before v5 (clip, cispo, dppo_binary, dppo_topk at 17 steps) predate the TRL changed-weight share and "
+        "the ESS, which the 50-step rows record for every arm.\n\n"
         + wide
         + "\nCompute curves: ScaleRL's sigmoid R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) fitted to each run's "
         "training reward (a generation step's mean over its 16 completions) against the generated tokens so far, "
