@@ -464,6 +464,8 @@ def _run_record(job: dict, trainer, tokens: dict, measures: dict, train_seconds:
     # the share of importance weights TRL's correction truncated or masked (sequence_mask by default: whole sequences)
     changed = [entry["async/is_weight_changed"] for entry in history if "async/is_weight_changed" in entry]
     ess = _effective_sample_sizes(history)
+    kls = [entry["kl"] for entry in history if "kl" in entry]
+    resets = [entry["reference/resets"] for entry in history if "reference/resets" in entry]
     return {
         **job,
         "steps": trainer.state.global_step,
@@ -477,6 +479,9 @@ def _run_record(job: dict, trainer, tokens: dict, measures: dict, train_seconds:
         "sampler_ratio_abs_log": statistics.fmean(sampler) if sampler else float("nan"),
         "is_weight_changed": statistics.fmean(changed) if changed else float("nan"),
         "ess": statistics.fmean(ess) if ess else float("nan"),
+        # the KL to the reference (a run with beta != 0) and the reference resets it made (ProRL's reset)
+        "kl_mean": statistics.fmean(kls) if kls else float("nan"),
+        "reference_resets": max(resets) if resets else 0,
         "curve": tokens["curve"],
         "load": os.getloadavg()[0],
     }
