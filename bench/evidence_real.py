@@ -603,6 +603,18 @@ def verdict(differences: list[float], expects: str, paper: bool = True) -> tuple
     return ("reproduces" if direction == expects else "opposite") + suffix, mean, low, high
 
 
+def _effect_text(mean: float, low: float, high: float) -> str:
+    """``+0.129 [+0.085, +0.172]``; with fewer than two seeds there is no interval, and the text says so."""
+    if low != low or high != high:
+        return f"{mean:+.3f} (no interval: one seed)"
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def _half_width(low: float, high: float) -> str:
+    """The interval's half-width, the smallest effect the seeds could call; "–" without an interval."""
+    return f"{(high - low) / 2:.3f}" if low == low and high == high else "–"
+
+
 def _mean_of(paired: list[tuple[dict, dict]], side: int, key: str, digits: int) -> str:
     values = [pair[side].get(key, float("nan")) for pair in paired]
     values = [v for v in values if v == v]
@@ -655,7 +667,7 @@ def _comparison_rows(runs: dict, budget: int) -> tuple[list[str], list[tuple]]:
         rows.append(
             f"| {row['claim']} | {row['tests']} | {arm_a} − {arm_b} | {measure} | {row['unit']} | "
             f"{_mean_of(paired, 0, measure, 3)} | {_mean_of(paired, 1, measure, 3)} | "
-            f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] | {(high - low) / 2:.3f} | {len(paired)} | "
+            f"{_effect_text(mean, low, high)} | {_half_width(low, high)} | {len(paired)} | "
             f"{both('accuracy', 3)} | {both('pass@1', 3)} | {both('pass@8', 3)} | {both('clip_fraction', 4)} | "
             f"{both('is_weight_changed', 3)} | {both('ess', 3)} | {both('sampler_ratio_abs_log', 4)} | "
             f"{both('steps', 0)} | {row['verdict']} |"
@@ -691,8 +703,12 @@ def _geometric_interval(values: list[float]) -> str:
     and one run's steep or late fit would otherwise dominate an arithmetic mean."""
     if not values:
         return "–"
-    mean, low, high = geometric_t_interval(values)
-    return f"{mean:.3g} [{low:.3g}, {high:.3g}]"
+    return _scale_text(*geometric_t_interval(values))
+
+
+def _scale_text(mean: float, low: float, high: float) -> str:
+    """``0.85 [0.71, 0.99]``; a single run has no interval and says so."""
+    return f"{mean:.3g} [{low:.3g}, {high:.3g}]" if low == low and high == high else f"{mean:.3g} (one run)"
 
 
 def _fit_rows(fits: dict[tuple[str, str], list[tuple]]) -> list[str]:
@@ -708,7 +724,7 @@ def _fit_rows(fits: dict[tuple[str, str], list[tuple]]) -> list[str]:
         mean, low, high = t_interval([fit.A for fit, _ in arm_fits])
         placed = [fit for fit, rise in arm_fits if rise >= _RISE_PLACED]
         cells = [
-            f"{mean:.3g} [{low:.3g}, {high:.3g}]",
+            _scale_text(mean, low, high),
             _geometric_interval([fit.B for fit in placed]),
             _geometric_interval([fit.C_mid for fit in placed]),
         ]
@@ -773,7 +789,7 @@ def comparison_table(runs: dict, budget: int) -> tuple[str, list[tuple]]:
     for row in comparisons(runs, budget):
         lines.append(
             f"| {row['tests']} | {row['a']} − {row['b']} | {row['measure']}, {row['unit']} | "
-            f"{row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}] | {len(row['paired'])} | {row['verdict']} |"
+            f"{_effect_text(row['mean'], row['low'], row['high'])} | {len(row['paired'])} | {row['verdict']} |"
         )
     return "\n".join(lines) + "\n", effects
 
