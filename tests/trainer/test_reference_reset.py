@@ -309,9 +309,11 @@ def test_a_checkpoint_that_lost_its_reference_weights_is_refused_by_name(tiny_mo
 
 
 @pytest.mark.slow
-def test_an_asynchronous_run_scores_the_reference_with_the_trainers_weights(tiny_model_path, tmp_path):
+@pytest.mark.parametrize("generator", ["inline", "process"])
+def test_an_asynchronous_run_scores_the_reference_with_the_trainers_weights(tiny_model_path, tmp_path, generator):
     """Each batch is sampled by the weights of the step before (k = 1), but the reference forward is the trainer's:
-    reset at every step, the reference is the policy the loss starts from, so the KL is 0 at every step."""
+    reset at every step, the reference is the policy the loss starts from, so the KL is 0 at every step. A generator
+    process sampling ahead holds no reference (it is shipped the trainable weights only): the same holds."""
     trainer = _trainer(
         tiny_model_path,
         tmp_path,
@@ -319,26 +321,7 @@ def test_an_asynchronous_run_scores_the_reference_with_the_trainers_weights(tiny
         per_device_train_batch_size=8,
         reference_reset_steps=1,
         async_rollouts=True,
-        max_staleness=1,
-    )
-    trainer.train()
-    assert logged_metric(trainer, "async/staleness") == [0.0, 1.0, 1.0]
-    assert logged_metric(trainer, "reference/resets") == [1.0, 2.0, 3.0]
-    assert all(abs(kl) < 1e-7 for kl in logged_metric(trainer, "kl")), logged_metric(trainer, "kl")
-
-
-@pytest.mark.slow
-def test_a_generator_process_samples_while_the_trainer_scores_the_reference(tiny_model_path, tmp_path):
-    """The same with a generator process sampling ahead: its model copy has no reference (it is shipped the trainable
-    weights only), and the trainer's reference forward still makes the KL 0 right after every reset."""
-    trainer = _trainer(
-        tiny_model_path,
-        tmp_path,
-        steps_per_generation=1,
-        per_device_train_batch_size=8,
-        reference_reset_steps=1,
-        async_rollouts=True,
-        async_generator="process",
+        async_generator=generator,
         max_staleness=1,
     )
     trainer.train()
