@@ -13,7 +13,6 @@ PACKAGE = ROOT / "trl_reasoning"
 
 # Each top-level part of the package and its floor: a module may import from its own part and from lower floors only.
 FLOORS = {
-    "_legacy_paths": 0,
     "utils": 0,
     "rewards": 1,
     "algorithms": 2,

@@ -15,8 +15,6 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from . import _legacy_paths
-
 if TYPE_CHECKING:  # what the names below resolve to, for type checkers and editors
     from .algorithms.advantages import compute_advantages  # noqa: F401
     from .algorithms.aggregation import aggregate_loss, completion_weights  # noqa: F401
@@ -59,10 +57,6 @@ _EXPORTS: dict[str, str] = {
     "NonFiniteLossWarning": "trainer.guards",
     "DynamicSamplingWarning": "trainer.rollout",
 }
-
-# Old module paths (0.1: one flat package) import as their new homes, so pickled configs keep loading.
-_legacy_paths.install()
-
 
 def _public_names() -> list[str]:
     """``__all__``: the names above, then every preset's config and trainer, ``PRESETS``, ``Preset`` and ``preset``
