@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from trl_reasoning import PRESETS, ReasoningConfig, ReasoningTrainer, cli
+from trl_reasoning.cli import dispatch
 from trl_reasoning.rewards.math_answers import math_answer_reward
+from trl_reasoning.tasks import TASKS, CliTask
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,6 +67,42 @@ def test_yaml_sets_defaults_and_flags_override(tmp_path):
     assert type(args).__name__ == "CISPOConfig"
     assert args.learning_rate == 3e-6 and args.epsilon_high == 4.0 and args.policy_loss == "cispo"
     assert data.task == "gsm8k" and model.model_name_or_path == "org/model"
+
+
+@pytest.mark.parametrize("command", ["dapo", "eval"])
+def test_an_unknown_task_is_refused_naming_the_option_and_the_known_tasks(command):
+    known = ", ".join(TASKS.names())
+    with pytest.raises(ValueError, match=f"--task: unknown task 'algebra'. Known tasks: {known}."):
+        cli.parse(command, ["--task", "algebra", *(["--use_cpu", "true"] if command != "eval" else [])])
+
+
+@pytest.mark.parametrize("command", ["dapo", "eval"])
+def test_help_lists_exactly_the_registered_tasks(command, capsys):
+    with pytest.raises(SystemExit):
+        cli.run([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    task_help = re.search(r"--task TASK (.*?) \(default: None\)", out).group(1)
+    assert re.findall(r"'(\w+)'", task_help) == list(TASKS.names()) == ["arithmetic", "gsm8k", "reverse"]
+
+
+def test_a_registered_task_is_a_task_of_the_cli_with_no_cli_change():
+    """Adding a task is its registration: ``--task`` accepts it, its rows are the dataset, its reward the default."""
+
+    class Echo:
+        def rl_rows(self, split):
+            return [{"prompt": [{"role": "user", "content": f"{split} {i}"}], "answer": str(i)} for i in range(3)]
+
+    TASKS.register(CliTask(name="echo", help="says the number back", reward="exact_match_reward", build=Echo))
+    try:
+        dataset = cli.load_task_dataset("echo", None, None)
+        assert dataset["test"][2]["answer"] == "2" and len(dataset["train"]) == 3
+        assert cli.commands._reward_funcs(None, "echo")[0].__name__ == "exact_match_reward"
+        data, *_ = cli.parse("dapo", ["--task", "echo", "--use_cpu", "true"])
+        assert data.task == "echo"
+    finally:
+        TASKS.unregister("echo")
+    with pytest.raises(ValueError, match="--task: unknown task 'echo'"):
+        cli.parse("dapo", ["--task", "echo", "--use_cpu", "true"])
 
 
 def test_bad_values_name_the_field(tmp_path):
@@ -200,24 +239,24 @@ def test_every_reward_name_trl_grpo_accepts_is_accepted():
 
 
 def test_launch_flags_go_to_accelerate():
-    launch, rest = cli._launch_arguments(
+    launch, rest = dispatch._launch_arguments(
         ["--num_processes", "2", "--learning_rate", "1e-5", "--accelerate_config=recipes/accelerate/zero2.yaml"]
     )
     assert launch == ["--num_processes", "2", "--config_file", "recipes/accelerate/zero2.yaml"]
     assert rest == ["--learning_rate", "1e-5"]
     with pytest.raises(SystemExit, match="--num_processes needs a value"):
-        cli._launch_arguments(["--num_processes"])
+        dispatch._launch_arguments(["--num_processes"])
 
 
 def test_train_with_a_preset_is_the_presets_command(tmp_path):
     recipe = str(ROOT / "recipes" / "gsm8k" / "qwen2.5-1.5b-lora.yaml")
-    assert cli._preset_of_train(["--preset", "cispo", "--config", recipe]) == ("cispo", ["--config", recipe])
-    assert cli._preset_of_train(["--config", recipe, "--preset=dr_grpo"]) == ("dr_grpo", ["--config", recipe])
+    assert dispatch._preset_of_train(["--preset", "cispo", "--config", recipe]) == ("cispo", ["--config", recipe])
+    assert dispatch._preset_of_train(["--config", recipe, "--preset=dr_grpo"]) == ("dr_grpo", ["--config", recipe])
     with pytest.raises(SystemExit, match="--preset is required, one of dapo, cispo"):
         cli.run(["train", "--config", recipe])
     with pytest.raises(SystemExit, match="unknown --preset 'grpo'"):
         cli.run(["train", "--preset", "grpo"])
-    command, rest = cli._preset_of_train(["--preset", "rloo", "--config", recipe, "--use_cpu", "--bf16", "false"])
+    command, rest = dispatch._preset_of_train(["--preset", "rloo", "--config", recipe, "--use_cpu", "--bf16", "false"])
     _, training_args, *_ = cli.parse(command, rest)
     assert type(training_args).__name__ == "RLOOConfig"
 

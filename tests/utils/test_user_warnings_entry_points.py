@@ -50,7 +50,7 @@ def test_a_frozen_standard_library_frame_is_passed_over():
 
 
 def test_in_the_package_s_entry_points_the_warning_names_their_line():
-    for entry_point in (os.path.join(_OWN_DIR, "demo", "run.py"), os.path.join(_OWN_DIR, "cli.py")):
+    for entry_point in (os.path.join(_OWN_DIR, "demo", "run.py"), os.path.join(_OWN_DIR, "cli", "dispatch.py")):
         caught = _caught(
             lambda entry_point=entry_point: _frame_in(
                 "<frozen runpy>",

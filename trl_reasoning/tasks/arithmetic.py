@@ -20,6 +20,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .registry import TASKS, CliTask
+
 _NUMBER = re.compile(r"-?\d+")
 
 
@@ -131,3 +133,13 @@ def last_number(text: str) -> int | None:
 def last_number_reward(completions: list, answer: list, **kwargs) -> list[float]:
     """1.0 when the last number of the completion equals the ``answer`` column, else 0.0."""
     return [float(last_number(_text(c)) == int(a)) for c, a in zip(completions, answer, strict=True)]
+
+
+TASKS.register(
+    CliTask(
+        name="arithmetic",
+        help="one-step sums, the real-model main job's",
+        reward="last_number_reward",
+        build=ArithmeticTask,
+    )
+)

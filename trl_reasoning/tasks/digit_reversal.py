@@ -15,6 +15,8 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .registry import TASKS, CliTask
+
 
 def _completion_text(completion: Any) -> str:
     """The text of a TRL completion: a string, or a conversational list of messages."""
@@ -120,3 +122,14 @@ def digit_reward(completions, **kwargs) -> list[float]:
 def all_digits(completions, **kwargs) -> list[float]:
     """Binary version of the digits task, for MaxRL: 1 when most of the completion is digits."""
     return [float(r >= 0.5) for r in digit_reward(completions)]
+
+
+TASKS.register(
+    CliTask(
+        name="reverse",
+        help="the tiny demo's digit reversal",
+        reward="exact_match_reward",
+        build=ReversalTask,
+        warm_start=True,
+    )
+)

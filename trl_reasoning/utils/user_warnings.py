@@ -43,7 +43,7 @@ _LIBRARY_DIRS = tuple(
     if folder is not None
 )
 #: The package's entry points, whose frames are the user's (see the module's docstring).
-_ENTRY_POINTS = (os.path.join(_OWN_DIR, "demo") + os.sep, os.path.join(_OWN_DIR, "cli.py"))
+_ENTRY_POINTS = (os.path.join(_OWN_DIR, "demo") + os.sep, os.path.join(_OWN_DIR, "cli") + os.sep)
 
 
 def _is_library_frame(filename: str) -> bool:
