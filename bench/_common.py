@@ -9,12 +9,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-import socket
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+
+# The two-process launcher and the sharding strategies live with the tests (``tests/_launch.py``,
+# ``tests/_sharding.py``), which use them too: the suite never imports from bench/, and the benches import from tests/.
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from _launch import run_torchrun  # noqa: E402, F401  (re-exported to the bench scripts)
 
 
 def rss_kib(field: str) -> int:
@@ -164,40 +167,6 @@ def run_worker(
                 raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
         with open(out) as f:
             return json.load(f)
-
-
-#: How ``torchrun`` reports a rank that died by a signal (a native crash), not by a Python exception.
-_KILLED_BY_SIGNAL = re.compile(r"Signal \d+ \(SIG\w+\) received by PID")
-
-
-def run_torchrun(
-    script: str, arguments: list[str], env: dict[str, str] | None = None, timeout: float | None = None
-) -> subprocess.CompletedProcess:
-    """Run ``script arguments...`` under ``torchrun`` with two gloo processes on a free local port, offline and one
-    thread per process. Returns the finished process (its return code is not checked here).
-
-    A launch in which a rank died by a signal (SIGABRT, SIGSEGV: a crash in native code, reported by torchrun as
-    ``Signal N (SIG...) received``) is started once more, and says so on stderr. Such a crash was seen once, in CI,
-    under DeepSpeed ZeRO-3 on gloo with every core busy (``terminate called without an active exception`` in a
-    rank's C++ runtime) and never in 24 local reruns, alone, four at once or with a fresh extension cache. A Python
-    exception in a rank is not retried: the failures our code can cause still fail the first time."""
-    launch_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    launch_env.update(env or {})
-    for attempt in (1, 2):
-        with socket.socket() as sock:  # a free port per launch: parallel test workers never collide
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr"]
-        command += ["127.0.0.1", "--master_port", str(port), script, *arguments]
-        result = subprocess.run(command, env=launch_env, capture_output=True, text=True, timeout=timeout)
-        if result.returncode == 0 or attempt == 2 or not _KILLED_BY_SIGNAL.search(result.stderr):
-            return result
-        crash = _KILLED_BY_SIGNAL.search(result.stderr).group(0)
-        print(
-            f"run_torchrun: a rank of {os.path.basename(script)} crashed ({crash}); launching it again",
-            file=sys.stderr,
-        )
-    raise AssertionError("unreachable")
 
 
 def cpu_threads() -> None:

@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import run_torchrun  # noqa: E402
+from _common import run_torchrun  # noqa: E402  (and tests/ on sys.path, where _sharding lives)
 from _results import record  # noqa: E402
 
 STRATEGIES = ("ddp", "zero3", "fsdp2")

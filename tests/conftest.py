@@ -15,6 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from _launch import run_torchrun as launch_two_processes  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
@@ -23,13 +24,15 @@ from trl_reasoning.models.tiny import cpu_config_kwargs, save_tiny_model  # noqa
 from trl_reasoning.tasks.digit_reversal import digit_reward  # noqa: E402
 
 BENCH = Path(__file__).parents[1] / "bench"
-sys.path.append(str(BENCH))
-from _common import run_torchrun as launch_two_processes  # noqa: E402
 
 
 def load_bench_script(name: str):
     """A fresh module of ``bench/<name>.py`` (not the cached import: a test that changes its globals leaves the next
-    test's copy untouched)."""
+    test's copy untouched). Only the tests of the bench scripts (``test_bench_*.py``) call it: it puts ``bench/`` on
+    ``sys.path``, where the scripts import their shared modules (``_common``, ``_results``) from; the rest of the
+    suite imports nothing from ``bench/``."""
+    if str(BENCH) not in sys.path:
+        sys.path.append(str(BENCH))
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -62,7 +65,7 @@ def cpu_args(**overrides) -> dict:
 
 
 def run_torchrun(worker: Path, *arguments: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run ``worker arguments...`` under ``torchrun`` with two gloo processes (``bench/_common.run_torchrun``: a free
+    """Run ``worker arguments...`` under ``torchrun`` with two gloo processes (``tests/_launch.run_torchrun``: a free
     local port, offline, one thread per process); fails the test with both outputs' tails when it exits non-zero.
     ``tests/`` is on the workers' path (they import ``conftest``)."""
     pythonpath = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))

@@ -1,4 +1,4 @@
-"""``bench/_common.run_torchrun``, the two-process launcher of the sharded tests and benches: a rank that dies by a
+"""``tests/_launch.run_torchrun``, the two-process launcher of the sharded tests and benches: a rank that dies by a
 signal (a native crash) gets one more launch; a Python exception in a rank fails at once."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from _common import run_torchrun
+from _launch import run_torchrun
 
 # Rank 1 aborts (SIGABRT, as a C++ std::terminate would) while ``MARKER`` does not exist yet, then creates it.
 _WORKER = """

@@ -6,9 +6,12 @@ import re
 import shlex
 import sys
 
-import _common  # bench/ is on sys.path from tests/conftest.py
-import _results
 import pytest
+from conftest import load_bench_script
+
+# This module tests bench/'s shared modules: it loads them from bench/ (the rest of the suite imports nothing there).
+_common = load_bench_script("_common")
+_results = load_bench_script("_results")
 
 SECTION = """# Benchmark results
 

@@ -178,3 +178,28 @@ def test_the_algorithms_page_and_the_readme_link_to_what_exists():
                 broken.append((document, target))
     assert not broken, broken
     assert f"]({ALGORITHMS})" in (ROOT / "README.md").read_text()
+
+
+def test_the_suite_imports_nothing_from_bench():
+    """Editing a benchmark cannot break the suite: only the tests of the bench scripts (``test_bench_*.py``, through
+    ``conftest.load_bench_script``) import from ``bench/``; the launcher and the sharding strategies that tests and
+    benches share live in ``tests/`` (``_launch.py``, ``_sharding.py``)."""
+    import ast
+
+    bench_modules = {path.stem for path in (ROOT / "bench").glob("*.py")}
+    assert {"_common", "_results", "evidence_real"} <= bench_modules
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if path.name.startswith("test_bench_"):
+            continue
+        tree = ast.parse(path.read_text())
+        loader = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "load_bench_script"]
+        allowed = {id(n) for function in loader for n in ast.walk(function)}  # what test_bench_*.py call
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{path.relative_to(ROOT)}: {name}" for name in names if name.split(".")[0] in bench_modules]
+            code = ast.unparse(node) if isinstance(node, (ast.Call, ast.Assign)) else ""
+            if code.startswith("sys.path") and "bench" in code.lower() and id(node) not in allowed:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {code}")
+    assert not found

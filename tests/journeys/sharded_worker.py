@@ -5,12 +5,12 @@ really partitioned) or ``fsdp2``.
 
 Usage: ``torchrun --nproc_per_node 2 tests/journeys/sharded_worker.py STRATEGIES MODEL_PATH OUT_DIR`` with
 STRATEGIES comma-separated (``ddp,zero2,zero3,fsdp2``): one launch runs them in turn, resetting accelerate's and
-transformers' process-wide state between them (``_sharding.reset_strategy_state``), which saves a process start
+transformers' process-wide state between them (``tests/_sharding.reset_strategy_state``), which saves a process start
 (~10 s of imports on two processes) per strategy. Rank 0 writes ``OUT_DIR/<strategy>/<preset>.pt``: the full
 parameters at the end, the losses and rewards by step, what the
 accelerator ran as, and whether DPPO's top-K kept the LM-head path (no ``[B, T, vocab]`` logits).
 
-The strategies' config arguments come from ``bench/_sharding.py`` (FSDP2 is forced onto the CPU there: accelerate
+The strategies' config arguments come from ``tests/_sharding.py`` (FSDP2 is forced onto the CPU there: accelerate
 keeps DDP on CPUs without a word, which trl-reasoning's trainer reports).
 """
 
@@ -30,7 +30,7 @@ from datasets import Dataset  # noqa: E402
 import trl_reasoning as tr  # noqa: E402
 from trl_reasoning.models.tiny import cpu_config_kwargs  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests/
 from _sharding import reset_strategy_state, strategy_kwargs  # noqa: E402
 from two_process_worker import TWO_PROCESS_RUN  # noqa: E402
 from two_process_worker import fixed_or_open_reward as reward  # noqa: E402  ("fixed …" scores 1, "open …" varies)

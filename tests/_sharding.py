@@ -1,5 +1,6 @@
-"""Sharding strategies for two-process CPU runs (gloo), shared by ``bench/dppo_topk_sharded.py`` and
-``tests/journeys/sharded_worker.py``: training-config arguments for DDP, DeepSpeed ZeRO-2/3 and FSDP2.
+"""Sharding strategies for two-process CPU runs (gloo), shared by ``tests/journeys/sharded_worker.py`` and
+``bench/dppo_topk_sharded.py`` (which imports it from here): training-config arguments for DDP, DeepSpeed ZeRO-2/3 and
+FSDP2.
 
 DeepSpeed runs on CPUs as it is (its CPU accelerator). FSDP does not: accelerate 1.15 turns an FSDP plugin into FSDP
 only for GPU-type backends and keeps DDP on ``MULTI_CPU`` (trl-reasoning's trainer warns when that happens).
