@@ -1,4 +1,5 @@
-"""Regenerate the field table of docs/configuration.md from the registries (``trl_reasoning.config.variant_fields_markdown``).
+"""Regenerate the field table of docs/configuration.md from the registries and their traits dataclasses
+(``trl_reasoning.presets.tables.variant_fields_markdown``).
 
 Run ``python scripts/config_fields_table.py`` after registering a variant or changing a declared field: it rewrites
 the block between the ``<!-- config-fields:start -->`` / ``<!-- config-fields:end -->`` markers in place;
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trl_reasoning.config import FIELD_TABLE_MARKERS, variant_fields_markdown
+from trl_reasoning.presets.tables import FIELD_TABLE_MARKERS, variant_fields_markdown
 
 PAGE = Path(__file__).parents[1] / "docs" / "configuration.md"
 

@@ -1,4 +1,4 @@
-"""Print (or, with ``--write``, update) the table of the presets (``trl_reasoning.presets.presets_markdown``: each
+"""Print (or, with ``--write``, update) the table of the presets (``trl_reasoning.presets.tables.presets_markdown``: each
 preset's advantage, objective, aggregation and other defaults, read from ``PRESETS`` and the configs).
 
 Run ``python scripts/presets_table.py --write`` after adding a preset or changing one's defaults: it rewrites the lines
@@ -12,7 +12,7 @@ import sys
 
 from marker_blocks import write_block
 
-from trl_reasoning.presets import presets_markdown
+from trl_reasoning.presets.tables import presets_markdown
 
 if __name__ == "__main__":
     if "--write" in sys.argv[1:]:

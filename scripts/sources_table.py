@@ -1,5 +1,5 @@
 """Print (or, with ``--write``, update) the table of every preset default and its source
-(``trl_reasoning.config.sources_markdown`` over ``trl_reasoning.presets.PRESETS``).
+(``trl_reasoning.presets.tables.sources_markdown`` over ``trl_reasoning.presets.PRESETS``).
 
 Run ``python scripts/sources_table.py --write`` after changing a preset default: it rewrites the lines between the
 ``<!-- preset-sources:start -->`` and ``<!-- preset-sources:end -->`` markers of whichever of README.md and docs/*.md
@@ -12,8 +12,8 @@ import sys
 
 from marker_blocks import write_block
 
-from trl_reasoning.config import sources_markdown
 from trl_reasoning.presets import PRESETS
+from trl_reasoning.presets.tables import sources_markdown
 
 if __name__ == "__main__":
     table = sources_markdown([entry.config_class for entry in PRESETS])

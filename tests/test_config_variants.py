@@ -19,12 +19,11 @@ from trl_reasoning.algorithms.registry import VariantField
 from trl_reasoning.config import (
     _SCALE_REWARDS_TO_ESTIMATOR,
     _TRL_LOSS_TYPES,
-    FIELD_TABLE_MARKERS,
     VARIANT_FIELDS,
     VARIANT_REGISTRIES,
     ReasoningConfig,
-    variant_fields_markdown,
 )
+from trl_reasoning.presets.tables import FIELD_TABLE_MARKERS, variant_fields_markdown
 from trl_reasoning.trainer.base import ReasoningTrainer
 
 ROOT = Path(__file__).parents[1]
@@ -200,3 +199,43 @@ def test_a_registered_loss_declares_its_fields_checks_and_traits_and_config_obey
 def test_a_declared_field_check_runs_whichever_variant_is_chosen():
     with pytest.raises(ValueError, match=r"dppo_threshold must be >= 0 \(or None for the paper default\), got -1.0"):
         ReasoningConfig(**cpu_args(policy_loss="clip", dppo_threshold=-1.0))
+
+
+def test_every_trait_is_a_field_of_its_registrys_traits_dataclass_with_a_one_line_help():
+    for registry in VARIANT_REGISTRIES.values():
+        assert dataclasses.is_dataclass(registry.traits_class) and registry.traits_class.__dataclass_params__.frozen
+        for trait in dataclasses.fields(registry.traits_class):
+            help_text = trait.metadata.get("help", "")
+            assert help_text.strip() and "\n" not in help_text, (registry.kind, trait.name)
+        for name in registry.names():
+            assert isinstance(registry.traits(name), registry.traits_class), (registry.kind, name)
+
+
+def test_a_misspelt_trait_fails_at_registration_naming_it():
+    with pytest.raises(TypeError, match=r"policy loss 'toy': unknown trait 'sequence_levle'\. .*sequence_level"):
+
+        @POLICY_LOSSES.register("toy", sequence_levle=True)
+        def toy_loss(logps, old_logps, advantages, mask):
+            return -advantages * logps
+
+    assert "toy" not in POLICY_LOSSES
+
+
+def test_the_docs_traits_column_is_generated_from_the_traits_dataclasses():
+    from trl_reasoning.presets.tables import traits_cell
+
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    rows = {}
+    for line in page.split(FIELD_TABLE_MARKERS[0])[1].split(FIELD_TABLE_MARKERS[1])[0].splitlines():
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if len(cells) == 4 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = cells[2]
+    assert traits_cell(POLICY_LOSSES, "clip") == (
+        "`anchors=pi_old/sampler/decoupled`, `async_anchor=decoupled`, `sequence_level`"
+    )
+    for registry in VARIANT_REGISTRIES.values():
+        for name in registry.names():
+            assert rows[name] == traits_cell(registry, name), name
+    for registry in VARIANT_REGISTRIES.values():  # and what each trait means, from its field's help
+        for trait in dataclasses.fields(registry.traits_class):
+            assert f"| `{trait.name}` |" in page, trait.name

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 
-from trl_reasoning.algorithms.registry import Registry, VariantField, at_least, one_of
+from trl_reasoning.algorithms.registry import Registry, VariantField, at_least, one_of, trait_field
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyTraits:
+    sequence_level: bool = trait_field("one ratio per sequence.", False)
+    mode: str | None = trait_field("how fast it runs.")
 
 
 def make_registry() -> Registry:
-    registry = Registry("toy variant")
+    registry = Registry("toy variant", ToyTraits)
 
     def needs_positive_scale(config):
         if config.toy_scale <= 0:
@@ -60,10 +67,28 @@ def test_field_checks_run_for_every_config_and_variant_checks_only_for_the_chose
 def test_traits_descriptions_and_parameters_are_read_back():
     registry = make_registry()
     assert registry.with_trait("sequence_level") == ("scaled",)
-    assert registry.traits("scaled") == {"sequence_level": True, "mode": "fast"}
-    assert registry.trait("plain", "mode", "slow") == "slow"
+    assert registry.traits("scaled") == ToyTraits(sequence_level=True, mode="fast")
+    assert registry.trait("plain", "mode", "slow") == "slow"  # unset (None): the default
+    assert registry.trait("plain", "sequence_level") is False
     assert registry.description("scaled") == "Multiplies by the scale."
     assert registry.takes("scaled", "scale") and not registry.takes("plain", "scale")
+
+
+def test_a_misspelt_trait_is_an_error_naming_it_and_the_known_ones():
+    registry = make_registry()
+    with pytest.raises(
+        TypeError,
+        match=r"toy variant 'typo': unknown trait 'sequence_levle'\. The traits of a toy "
+        r"variant \(ToyTraits\): sequence_level, mode\.",
+    ):
+        registry.register("typo", sequence_levle=True)
+    assert "typo" not in registry
+    with pytest.raises(TypeError, match="unknown trait 'moed'"):
+        registry.trait("scaled", "moed")
+    with pytest.raises(TypeError, match="toy variant registry: unknown trait 'moed'"):
+        registry.with_trait("moed")
+    with pytest.raises(TypeError, match="unknown trait 'mode'.* \\(NoTraits\\): none"):
+        Registry("traitless variant").register("plain", mode="fast")
 
 
 def test_unregister_forgets_the_fields_and_checks_too():

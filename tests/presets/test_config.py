@@ -8,7 +8,7 @@ from conftest import cpu_args, digit_fraction
 from trl import GRPOConfig
 
 import trl_reasoning as tr
-from trl_reasoning.config import preset_default, preset_sources
+from trl_reasoning.presets.provenance import preset_default, preset_sources
 
 # (config class) -> {field: (default, where it comes from)}: ALGORITHMS.md v2 ("The trainers"), the papers and the
 # authors' code. The source column is checked too: the preset's recorded source must cite the same place.

@@ -12,19 +12,38 @@ Formulas and sources: ``docs/algorithms.md`` ("Advantage estimators").
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .registry import Registry, VariantField, at_least
+from .registry import Registry, VariantField, at_least, trait_field
 
 AdvantageEstimator = Callable[..., torch.Tensor]
-#: Traits: ``group_relative`` (the baseline is a statistic of the prompt's own group, so ``num_generations >= 2``),
-#: ``trl_scale_rewards`` (TRL's ``scale_rewards`` value that means this estimator's scaling), ``binary_rewards`` (the
-#: rewards must be 0/1 unless the estimator's ``reward_threshold`` binarizes them), ``token_level`` (it returns one
-#: advantage per completion token, ``(N, T)``, and reads :data:`TOKEN_INPUTS`), ``kl_in_return`` (``beta``'s KL is in
-#: its per-token return, so the trainer adds no KL term to the loss and ``kl_in_reward`` must stay off).
-ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
+
+
+@dataclass(frozen=True)
+class EstimatorTraits:
+    """What an advantage estimator needs or changes beyond its function, as its registration declares it."""
+
+    group_relative: bool = trait_field(
+        "its baseline is a statistic of the prompt's own group, so ``num_generations >= 2``.", False
+    )
+    trl_scale_rewards: str | None = trait_field(
+        "TRL's ``scale_rewards`` value that means this estimator's scaling (``None``: ``\"none\"``)."
+    )
+    binary_rewards: bool = trait_field(
+        "the rewards must be 0/1 unless the estimator's ``reward_threshold`` binarizes them.", False
+    )
+    token_level: bool = trait_field(
+        "it returns one advantage per completion token, ``(N, T)``, and reads ``TOKEN_INPUTS``.", False
+    )
+    kl_in_return: bool = trait_field(
+        "``beta``'s KL is in its per-token return: the loss adds no KL term and ``kl_in_reward`` must stay off.", False
+    )
+
+
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", EstimatorTraits)
 
 
 def nan_std(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:

@@ -12,13 +12,26 @@ Table and sources: ``docs/algorithms.md`` ("Loss aggregation").
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from .registry import Registry
+from .registry import Registry, trait_field
 
 WeightFunction = Callable[..., torch.Tensor]
-AGGREGATIONS: Registry[WeightFunction] = Registry("loss aggregation")
+
+
+@dataclass(frozen=True)
+class AggregationTraits:
+    """What a loss aggregation needs beyond its weight function, as its registration declares it."""
+
+    per_micro_batch: bool = trait_field(
+        "its weights come from the micro-batch at loss time, not the global batch (the trainer scales as TRL does).",
+        False,
+    )
+
+
+AGGREGATIONS: Registry[WeightFunction] = Registry("loss aggregation", AggregationTraits)
 
 
 def _safe_reciprocal(x: torch.Tensor) -> torch.Tensor:
@@ -71,9 +84,8 @@ def prompt_mean_weights(token_counts: torch.Tensor, num_generations: int | None 
     return (_safe_reciprocal(group_tokens) / grouped.size(0)).reshape(-1)
 
 
-# per_micro_batch: the weights are computed at loss time from the micro-batch this process holds, not fixed on the
-# global batch (the trainer then also scales the loss as TRL does for it). The one mode whose gradient depends on how
-# the batch is split; it exists because TRL's loss_type="bnpo" is defined that way.
+# per_micro_batch (AggregationTraits): the one mode whose gradient depends on how the batch is split; it exists because
+# TRL's loss_type="bnpo" is defined that way.
 @AGGREGATIONS.register("micro_batch_token_mean", per_micro_batch=True)
 def micro_batch_token_mean_weights(token_counts: torch.Tensor, **_) -> torch.Tensor:
     """``w_i = 1 / sum_{j in micro-batch} |y_j|``: token mean over the local micro-batch only (TRL's ``loss_type="bnpo"``).

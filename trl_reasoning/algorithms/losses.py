@@ -15,17 +15,56 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..utils.user_warnings import user_stacklevel
 from .anchors import RATIO_ANCHORS
-from .registry import Registry, VariantField, at_least, one_of
+from .registry import Registry, VariantField, at_least, one_of, trait_field
 
 PolicyLoss = Callable[..., torch.Tensor]
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+
+
+@dataclass(frozen=True)
+class LossTraits:
+    """What a policy loss needs or changes beyond its function, as its registration declares it (the config and the
+    trainer read these; they never compare the loss's name)."""
+
+    sequence_level: bool = trait_field(
+        'honours ``importance_sampling_level="sequence"`` (TRL\'s option): one ratio per sequence.', False
+    )
+    sequence_ratio_of: str | None = trait_field(
+        "it is this other loss with the sequence ratio (``gspo`` is ``clip``'s sequence-ratio form)."
+    )
+    default_aggregation: str | None = trait_field(
+        "the aggregation it takes when neither ``loss_aggregation`` nor ``loss_type`` is set."
+    )
+    anchors: tuple[str, ...] | None = trait_field(
+        "what its ratio can be taken against (``algorithms/anchors.py``); ``None``: ``pi_old`` only."
+    )
+    async_anchor: str | None = trait_field(
+        "the anchor it takes on an asynchronous run when ``ratio_anchor`` is ``None``."
+    )
+    ignores_delta: bool = trait_field(
+        "TRL accepts ``delta`` with it and leaves ``delta`` out of the loss (trl-reasoning warns).", False
+    )
+    own_is_correction: bool = trait_field(
+        "it folds TRL's vLLM importance-sampling ratio into its own weight: the trainer must not apply it on top.",
+        False,
+    )
+    ratio_to_rollout: bool = trait_field(
+        "its ratio is taken against the rollout engine's log-probs: no vLLM importance-sampling correction on top.",
+        False,
+    )
+    required_inputs: Callable[..., Iterable[str]] | None = trait_field(
+        "``required_inputs(**loss_kwargs)``: what generation must store for it beyond TRL's batch."
+    )
+
+
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", LossTraits)
 
 #: DPPO divergence name -> default threshold delta (DPPO, arXiv 2602.04879). The top-K variants reuse the binary
 #: thresholds of the same divergence (TV 0.15, KL 0.05).
@@ -155,9 +194,7 @@ def check_clip_bounds(config: Any) -> None:
         )
 
 
-# sequence_level: importance_sampling_level="sequence" gives it one ratio per sequence (TRL's option).
-# anchors: what its ratio can be taken against (trl_reasoning.algorithms.anchors); async_anchor: the one it takes on an
-# asynchronous run when ratio_anchor is None. The clip takes AReaL's decoupled form there: against pi_old alone it
+# Its traits' meanings are LossTraits' fields. async_anchor: the clip takes AReaL's decoupled form: against pi_old alone it
 # never acts at one step a batch and nothing bounds the stale sampler's weight; against the sampler it blocked so
 # many stale tokens that it trained worse (evidence v5, async_k8: clip_sampler - clip -0.14 pass@1); decoupled, each
 # token is weighted by min(pi_old / mu, C) and the clip bounds the steps a batch feeds (docs/which-preset.md).
@@ -490,9 +527,8 @@ _DPPO_FIELDS = (
 )
 
 
-# ratio_to_rollout: the ratio is already taken against the rollout engine's log-probs, so TRL's vLLM
-# importance-sampling correction must not be applied on top; its only anchor is the sampler. required_inputs: what
-# generation must store.
+# ratio_to_rollout: the ratio is already taken against the rollout engine's log-probs, so its only anchor is the
+# sampler.
 @POLICY_LOSSES.register(
     "dppo",
     ratio_to_rollout=True,
@@ -572,7 +608,7 @@ def sequence_clip_loss(
 
 
 # sequence_ratio_of: this is "clip" with importance_sampling_level="sequence" (TRL's loss_type="grpo" with it);
-# default_aggregation: the aggregation it takes when neither loss_aggregation nor loss_type is set (TRL's grpo's).
+# default_aggregation: TRL's grpo's.
 @POLICY_LOSSES.register(
     "gspo",
     sequence_ratio_of="clip",

@@ -9,7 +9,9 @@ its registration, and the config and the trainer ask the registry instead of com
 - the checks it makes on the whole config when it is chosen (``checks``: callables that raise a ``ValueError``
   naming the field, or warn);
 - its traits (``trait``): what else it needs or changes (its ratio is the sequence's, it takes its ratio to the
-  sampler, its weights come from the micro-batch, it needs binary rewards, ...).
+  sampler, its weights come from the micro-batch, it needs binary rewards, ...). Each registry takes the traits of
+  one frozen dataclass (``LossTraits`` in losses.py, ``EstimatorTraits`` in advantages.py, ...), whose fields say
+  what each trait means; a trait that is not one of its fields raises a ``TypeError`` at registration.
 
 Its one-line description is the first paragraph of its docstring (``description``). The remaining keyword
 parameters are filled by name from what the trainer has (``kwargs_for``).
@@ -17,6 +19,7 @@ parameters are filled by name from what the trainer has (``kwargs_for``).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -79,13 +82,31 @@ def at_least(minimum: float, *, integer: bool = False, optional: bool = False, n
     return check
 
 
-class Registry(Generic[F]):
-    """Maps names to functions of one kind (e.g. ``"advantage estimator"``)."""
+def trait_field(meaning: str, default: Any = None) -> Any:
+    """A field of a traits dataclass: its ``default`` (``None``, ``False``: the variant does not have the trait) and
+    its one-line ``meaning``, which the trait table of docs/configuration.md shows."""
+    return dataclasses.field(default=default, metadata={"help": meaning})
 
-    def __init__(self, kind: str) -> None:
+
+@dataclass(frozen=True)
+class NoTraits:
+    """The traits of a kind of variant that has none (group selections)."""
+
+
+def trait_names(traits_class: type) -> tuple[str, ...]:
+    """The names of the traits ``traits_class`` declares, in declaration order."""
+    return tuple(f.name for f in dataclasses.fields(traits_class))
+
+
+class Registry(Generic[F]):
+    """Maps names to functions of one kind (e.g. ``"advantage estimator"``), each registered with the traits of
+    ``traits`` (a frozen dataclass whose fields are the traits this kind of variant may have)."""
+
+    def __init__(self, kind: str, traits: type = NoTraits) -> None:
         self.kind = kind
+        self.traits_class = traits
         self._functions: dict[str, F] = {}
-        self._traits: dict[str, dict[str, Any]] = {}
+        self._traits: dict[str, Any] = {}
         self._fields: dict[str, tuple[VariantField, ...]] = {}
         self._checks: dict[str, tuple[ConfigCheck, ...]] = {}
         # name -> the keyword names its function takes (None: it takes **kwargs). Filled at registration: the
@@ -101,7 +122,10 @@ class Registry(Generic[F]):
         **traits: Any,
     ) -> Callable[[F], F]:
         """Decorator that registers ``fn`` under ``name`` with the config ``fields`` it reads, the ``checks`` it makes
-        on a config that chooses it, and its ``traits``; a name can be registered once."""
+        on a config that chooses it, and its ``traits`` (fields of the registry's traits dataclass: an unknown one
+        raises a ``TypeError`` naming it and the known ones); a name can be registered once."""
+        self._check_trait_names(f"{self.kind} {name!r}", traits)
+        declared_traits = self.traits_class(**traits)
 
         def decorator(fn: F) -> F:
             if name in self._functions:
@@ -109,7 +133,7 @@ class Registry(Generic[F]):
             parameters = inspect.signature(fn).parameters.values()
             takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
             self._functions[name] = fn
-            self._traits[name] = dict(traits)
+            self._traits[name] = declared_traits
             self._fields[name] = tuple(fields)
             self._checks[name] = tuple(checks)
             self._parameters[name] = None if takes_any else frozenset(p.name for p in parameters)
@@ -123,19 +147,33 @@ class Registry(Generic[F]):
         del self._functions[name], self._traits[name], self._parameters[name]
         del self._fields[name], self._checks[name]
 
-    def trait(self, name: str, key: str, default: Any = None) -> Any:
-        """The trait ``key`` that ``name`` was registered with (``default`` when it has none)."""
-        self.get(name)  # an unknown name raises with the allowed values
-        return self._traits[name].get(key, default)
+    def _check_trait_names(self, where: str, keys: Iterable[str]) -> None:
+        """Raise a ``TypeError`` naming every key of ``keys`` that is not a trait of this registry, and the known ones."""
+        known = trait_names(self.traits_class)
+        unknown = [key for key in keys if key not in known]
+        if unknown:
+            raise TypeError(
+                f"{where}: unknown trait{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}. "
+                f"The traits of a {self.kind} ({self.traits_class.__name__}): {', '.join(known) or 'none'}."
+            )
 
-    def traits(self, name: str) -> dict[str, Any]:
-        """Every trait ``name`` was registered with (a copy)."""
+    def trait(self, name: str, key: str, default: Any = None) -> Any:
+        """The trait ``key`` that ``name`` was registered with (``default`` when it is ``None``, i.e. unset); a ``key``
+        that is not a trait of this registry raises a ``TypeError``."""
+        self.get(name)  # an unknown name raises with the allowed values
+        self._check_trait_names(f"{self.kind} {name!r}", (key,))
+        value = getattr(self._traits[name], key)
+        return default if value is None else value
+
+    def traits(self, name: str) -> Any:
+        """The traits ``name`` was registered with (an instance of the registry's frozen traits dataclass)."""
         self.get(name)
-        return dict(self._traits[name])
+        return self._traits[name]
 
     def with_trait(self, key: str) -> tuple[str, ...]:
         """The names registered with a true trait ``key``, in registration order."""
-        return tuple(name for name in self._functions if self._traits[name].get(key))
+        self._check_trait_names(f"{self.kind} registry", (key,))
+        return tuple(name for name in self._functions if getattr(self._traits[name], key))
 
     def takes(self, name: str, parameter: str) -> bool:
         """Whether the function ``name`` takes the keyword ``parameter`` (any keyword, when it takes ``**kwargs``)."""

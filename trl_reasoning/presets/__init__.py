@@ -2,8 +2,8 @@
 thin trainer subclass), and ``PRESETS``, the one list of them.
 
 Everything that names the presets reads ``PRESETS``: the package's exports, the CLI's subcommands, the README's
-tables (:func:`presets_markdown`, ``scripts/sources_table.py``), the recipes' tests and the tests that run every
-preset. Adding a preset is its module here plus its import, its entry in ``PRESETS`` and its two names in
+tables (:mod:`trl_reasoning.presets.tables`), the recipes' tests and the tests that run every preset. Where each
+preset's defaults come from is :mod:`trl_reasoning.presets.provenance`. Adding a preset is its module here plus its import, its entry in ``PRESETS`` and its two names in
 ``__all__`` below; ``tests/presets/test_presets_list.py`` fails when any of them is missing.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..config import ReasoningConfig, preset_sources
+from ..config import ReasoningConfig
 from ..trainer.base import ReasoningTrainer
 from .cispo import CISPOConfig, CISPOTrainer
 from .dapo import DAPOConfig, DAPOTrainer
@@ -119,26 +119,3 @@ def preset(name: str) -> Preset:
         if entry.name == name:
             return entry
     raise ValueError(f"Unknown preset {name!r}. Allowed values: {', '.join(p.name for p in PRESETS)}.")
-
-
-#: The three pieces every preset names, the first columns of the table (the rest of its sourced defaults follow).
-_PIECES = ("advantage_estimator", "policy_loss", "loss_aggregation")
-
-
-def presets_markdown() -> str:
-    """The README's table of the presets: each one's pieces and the other defaults it sets (the sourced ones, as
-    ``preset_default`` records them), from ``PRESETS`` and the configs, so it cannot drift from the code."""
-    rows = [
-        "| preset | trainer / config | in short | advantage | objective | aggregation | other defaults | paper |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for entry in PRESETS:
-        defaults = entry.defaults()
-        sourced = preset_sources(entry.config_class).items()
-        others = [f"`{name}={value!r}`" for name, (value, _) in sourced if name not in _PIECES]
-        pieces = " | ".join(f"`{defaults[piece]}`" for piece in _PIECES)
-        rows.append(
-            f"| `{entry.name}` | `{entry.trainer_class.__name__}` / `{entry.config_class.__name__}` | {entry.summary} "
-            f"| {pieces} | {', '.join(others)} | [arXiv {entry.paper_id}](https://arxiv.org/abs/{entry.paper_id}) |"
-        )
-    return "\n".join(rows) + "\n"

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import ReasoningConfig, bibtex, document_sources, preset_default
+from ..config import ReasoningConfig
 from ..trainer.base import ReasoningTrainer
+from .provenance import bibtex, document_sources, preset_default
 
 #: GSPO §5.1: each rollout batch is partitioned into four minibatches, one optimizer step each.
 PAPER_MINIBATCHES = 4

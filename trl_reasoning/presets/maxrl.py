@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import ReasoningConfig, bibtex, document_sources, preset_default
+from ..config import ReasoningConfig
 from ..trainer.base import ReasoningTrainer
+from .provenance import bibtex, document_sources, preset_default
 
 
 @document_sources

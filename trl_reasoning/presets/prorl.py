@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from transformers.trainer_utils import SchedulerType
 
-from ..config import ReasoningConfig, bibtex, document_sources, preset_default
+from ..config import ReasoningConfig
 from ..trainer.base import ReasoningTrainer
+from .provenance import bibtex, document_sources, preset_default
 
 #: ProRL's training setup: a rollout batch of 256 prompts trained in mini-batches of 64, four updates per rollout.
 PAPER_MINIBATCHES = 4
