@@ -42,6 +42,23 @@ def trainer_classes(name: str) -> tuple[type, type]:
     return getattr(module, f"{stem}Config"), getattr(module, f"{stem}Trainer")
 
 
+def preset_methods(
+    labels: dict[str, str] | None = None, variants: dict[str, dict[str, tuple[str, dict]]] | None = None
+) -> dict[str, tuple[str, dict]]:
+    """Every preset of ``trl_reasoning.presets.PRESETS``, in its order, as ``label: (trainer name for
+    trainer_classes, {})``, so a new preset is a method of the benches that list them. The label is the preset's
+    display name (``"Dr. GRPO"``) unless ``labels`` renames it (by the preset's name, ``"dapo"``); ``variants`` adds
+    rows of the same shape right after a preset (by its name)."""
+    from trl_reasoning.presets import PRESETS
+
+    methods: dict[str, tuple[str, dict]] = {}
+    for preset in PRESETS:
+        label = (labels or {}).get(preset.name, preset.display_name)
+        methods[label] = (preset.config_class.__name__.removesuffix("Config"), {})
+        methods.update((variants or {}).get(preset.name, {}))
+    return methods
+
+
 def saved_model(tokenizer, vocab: int, hidden: int = 128, layers: int = 2) -> str:
     """The tiny Qwen2 (``demo.tiny.build_model``, seed 0) with ``vocab`` tokens, saved with its tokenizer to a temporary
     folder; trainers load the policy and, when ``beta > 0``, the reference model from that path (TRL builds the

@@ -22,19 +22,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import trainer_classes  # noqa: E402
+from _common import preset_methods, trainer_classes  # noqa: E402
 from _results import record  # noqa: E402
 
-METHODS = {  # method -> (trainer name for _common.trainer_classes, config overrides)
+#: method -> (trainer name for _common.trainer_classes, config overrides): TRL's GRPO, then every preset of
+#: ``trl_reasoning.presets.PRESETS`` with its defaults.
+METHODS = {
     "TRL GRPO": ("trl.GRPO", {}),
-    "DAPO (dynamic sampling)": ("DAPO", {}),
-    "DAPO (no dynamic sampling)": ("DAPO", {"dynamic_sampling": False}),
-    "CISPO": ("CISPO", {}),
-    "DPPO": ("DPPO", {}),
-    "MaxRL": ("MaxRL", {}),
-    "RLOO": ("RLOO", {}),
-    "Dr. GRPO": ("DrGRPO", {}),
-    "ScaleRL": ("ScaleRL", {}),
+    **preset_methods(
+        labels={"dapo": "DAPO (dynamic sampling)"},
+        variants={"dapo": {"DAPO (no dynamic sampling)": ("DAPO", {"dynamic_sampling": False})}},
+    ),
 }
 MAX_K = 16
 TARGET_ACCURACY = 0.9

@@ -36,23 +36,16 @@ from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import trainer_classes  # noqa: E402
+from _common import preset_methods, trainer_classes  # noqa: E402
 from _results import record  # noqa: E402
 
 #: method -> (trainer name for ``_common.trainer_classes``, config overrides). "TRL ..." rows are TRL's own trainers
-#: with TRL's defaults.
+#: with TRL's defaults; then every preset of ``trl_reasoning.presets.PRESETS`` with its defaults.
 METHODS: dict[str, tuple[str, dict]] = {
     "TRL GRPO": ("trl.GRPO", {}),
     "TRL GRPO (loss_type=grpo)": ("trl.GRPO", {"loss_type": "grpo"}),
     "TRL RLOOTrainer": ("trl.RLOO", {}),
-    "DAPO": ("DAPO", {}),
-    "DAPO (no dynamic sampling)": ("DAPO", {"dynamic_sampling": False}),
-    "CISPO": ("CISPO", {}),
-    "DPPO": ("DPPO", {}),
-    "MaxRL": ("MaxRL", {}),
-    "RLOO": ("RLOO", {}),
-    "Dr. GRPO": ("DrGRPO", {}),
-    "ScaleRL": ("ScaleRL", {}),
+    **preset_methods(variants={"dapo": {"DAPO (no dynamic sampling)": ("DAPO", {"dynamic_sampling": False})}}),
 }
 REGIMES: dict[str, dict] = {"on-policy": {}, "stale": {"steps_per_generation": 4, "num_iterations": 2}}
 #: The off-policy claim is about the policy loss under stale rollouts: clip (TRL's and DAPO's), CISPO, DPPO.

@@ -141,8 +141,8 @@ def test_gpu_bench_smoke_and_its_cuda_requirement():
             gpu.main([])
 
 
-def test_async_rollouts_bench_worker_runs_both_generators():
-    bench = _load("async_rollouts")
+def test_async_throughput_bench_worker_runs_both_generators():
+    bench = _load("async_throughput")
     for arm, preset in (("sync-1t", "DAPO"), ("process-k1", "CISPO")):
         run = bench.worker("tiny", arm, seed=0, steps=2, warmup=1, preset=preset)
         assert run["arm"] == arm and run["tokens_per_second"] > 0 and math.isfinite(run["reward_last5"])

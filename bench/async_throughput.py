@@ -1,8 +1,8 @@
 """Throughput of asynchronous rollouts against the synchronous run, same preset, in one run of this script.
 
-    python bench/async_rollouts.py --model real --steps 10 --seeds 0 1 2   # SmolLM2-135M-Instruct, LoRA
-    python bench/async_rollouts.py --model real --preset CISPO --arms sync-1t sync-2t process-k2
-    python bench/async_rollouts.py --model tiny --steps 30 --seeds 0 1 2   # the tiny Qwen2 of the tests
+    python bench/async_throughput.py --model real --steps 10 --seeds 0 1 2   # SmolLM2-135M-Instruct, LoRA
+    python bench/async_throughput.py --model real --preset CISPO --arms sync-1t sync-2t process-k2
+    python bench/async_throughput.py --model tiny --steps 30 --seeds 0 1 2   # the tiny Qwen2 of the tests
 
 Arms (each a fresh process per seed, interleaved so that the machine's load hits every arm alike):
 
