@@ -120,3 +120,26 @@ def test_a_block_is_found_in_the_readme_or_docs_and_rewritten_in_place(tmp_path)
     (tmp_path / "README.md").write_text("<!-- presets:start -->\n<!-- presets:end -->\n")
     with pytest.raises(ValueError, match="found it in \\['README.md', 'docs/algorithms.md'\\]"):
         marker_blocks.read_block("presets", tmp_path)
+
+
+def test_each_preset_declares_one_paper_record_from_which_trls_paper_dict_is_derived():
+    for entry in PRESETS:
+        paper = entry.paper
+        assert entry.trainer_class._paper == {"title": paper.title, "id": paper.arxiv_id, "citation": paper.bibtex}
+        assert paper.url == f"https://arxiv.org/abs/{entry.paper_id}"
+
+
+def test_the_derived_bibtex_is_the_one_the_presets_wrote_by_hand():
+    """The BibTeX the model card prints, as it read before the ``Paper`` records (DAPO's and RLOO's, with accents)."""
+    assert preset("dapo").paper.bibtex == (
+        "@article{yu2025dapo,\n"
+        "    title   = {{DAPO: An Open-Source LLM Reinforcement Learning System at Scale}},\n"
+        "    author  = {Qiying Yu and Zheng Zhang and Ruofei Zhu and others},\n"
+        "    year    = 2025,\n"
+        "    eprint  = {arXiv:2503.14476},\n"
+        "}"
+    )
+    assert preset("rloo").paper.bibtex.splitlines()[2] == (
+        "    author  = {Arash Ahmadian and Chris Cremer and Matthias Gall{\\'e} and Marzieh Fadaee and Julia Kreutzer "
+        'and Olivier Pietquin and Ahmet {\\"U}st{\\"u}n and Sara Hooker},'
+    )

@@ -3,7 +3,7 @@ thin trainer subclass), and ``PRESETS``, the one list of them.
 
 Everything that names the presets reads ``PRESETS``: the package's exports, the CLI's subcommands, the README's
 tables (:mod:`trl_reasoning.presets.tables`), the recipes' tests and the tests that run every preset. Where each
-preset's defaults come from is :mod:`trl_reasoning.presets.provenance`. Adding a preset is its module here plus its import, its entry in ``PRESETS`` and its two names in
+preset's defaults and paper come from is :mod:`trl_reasoning.presets.provenance`. Adding a preset is its module here plus its import, its entry in ``PRESETS`` and its two names in
 ``__all__`` below; ``tests/presets/test_presets_list.py`` fails when any of them is missing.
 """
 
@@ -20,6 +20,7 @@ from .dppo import DPPOConfig, DPPOTrainer
 from .dr_grpo import DrGRPOConfig, DrGRPOTrainer
 from .gspo import GSPOConfig, GSPOTrainer
 from .maxrl import MaxRLConfig, MaxRLTrainer
+from .provenance import Paper
 from .prorl import ProRLConfig, ProRLTrainer
 from .reinforce_pp import ReinforcePPConfig, ReinforcePPTrainer
 from .rloo import RLOOConfig, RLOOTrainer
@@ -29,7 +30,7 @@ from .scalerl import ScaleRLConfig, ScaleRLTrainer
 @dataclasses.dataclass(frozen=True)
 class Preset:
     """One algorithm: its trainer class and a one-line summary; everything else is read from what the preset's module
-    already declares (the trainer's ``config_class``, ``_name`` and ``_paper``), so it is written once.
+    already declares (the trainer's ``config_class``, ``_name`` and ``paper``), so it is written once.
 
     Parameters:
         trainer_class (`type[ReasoningTrainer]`):
@@ -57,14 +58,19 @@ class Preset:
         return self.trainer_class.config_class
 
     @property
+    def paper(self) -> Paper:
+        """The paper the preset implements (its trainer's ``paper``)."""
+        return self.trainer_class.paper
+
+    @property
     def paper_id(self) -> str:
         """The paper's arXiv id (``"2503.14476"``)."""
-        return self.trainer_class._paper["id"]
+        return self.paper.arxiv_id
 
     @property
     def paper_title(self) -> str:
         """The paper's title."""
-        return self.trainer_class._paper["title"]
+        return self.paper.title
 
     def defaults(self) -> dict[str, Any]:
         """``{field: default}`` of the preset's config, for every field (``ReasoningConfig``'s and the preset's)."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..config import ReasoningConfig
 from ..trainer.base import ReasoningTrainer
-from .provenance import bibtex, document_sources, preset_default
+from .provenance import Paper, document_sources, preset_default
 
 
 @document_sources
@@ -67,14 +67,11 @@ class CISPOTrainer(ReasoningTrainer):
     config_class = CISPOConfig
     _tag_names = ["trl", "trl-reasoning", "cispo"]
     _name = "CISPO"
-    _paper = {
-        "title": "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention",
-        "id": "2506.13585",
-        "citation": bibtex(
-            "minimax2025minimaxm1",
-            "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention",
-            "MiniMax",
-            2025,
-            "2506.13585",
-        ),
-    }
+    paper = Paper(
+        key="minimax2025minimaxm1",
+        title="MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention",
+        authors="MiniMax",
+        year=2025,
+        arxiv_id="2506.13585",
+    )
+    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..config import ReasoningConfig
 from ..trainer.base import ReasoningTrainer
-from .provenance import bibtex, document_sources, preset_default
+from .provenance import Paper, document_sources, preset_default
 
 
 @document_sources
@@ -72,14 +72,11 @@ class DAPOTrainer(ReasoningTrainer):
     config_class = DAPOConfig
     _tag_names = ["trl", "trl-reasoning", "dapo"]
     _name = "DAPO"
-    _paper = {
-        "title": "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
-        "id": "2503.14476",
-        "citation": bibtex(
-            "yu2025dapo",
-            "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
-            "Qiying Yu and Zheng Zhang and Ruofei Zhu and others",
-            2025,
-            "2503.14476",
-        ),
-    }
+    paper = Paper(
+        key="yu2025dapo",
+        title="DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+        authors="Qiying Yu and Zheng Zhang and Ruofei Zhu and others",
+        year=2025,
+        arxiv_id="2503.14476",
+    )
+    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..config import ReasoningConfig
 from ..trainer.base import ReasoningTrainer
-from .provenance import bibtex, document_sources, preset_default
+from .provenance import Paper, document_sources, preset_default
 
 
 @document_sources
@@ -67,14 +67,11 @@ class DPPOTrainer(ReasoningTrainer):
     config_class = DPPOConfig
     _tag_names = ["trl", "trl-reasoning", "dppo"]
     _name = "DPPO"
-    _paper = {
-        "title": "Rethinking the Trust Region in LLM Reinforcement Learning",
-        "id": "2602.04879",
-        "citation": bibtex(
-            "qi2026rethinking",
-            "Rethinking the Trust Region in LLM Reinforcement Learning",
-            "Penghui Qi and Xiangxin Zhou and Zichen Liu and Tianyu Pang and Chao Du and Min Lin and Wee Sun Lee",
-            2026,
-            "2602.04879",
-        ),
-    }
+    paper = Paper(
+        key="qi2026rethinking",
+        title="Rethinking the Trust Region in LLM Reinforcement Learning",
+        authors="Penghui Qi and Xiangxin Zhou and Zichen Liu and Tianyu Pang and Chao Du and Min Lin and Wee Sun Lee",
+        year=2026,
+        arxiv_id="2602.04879",
+    )
+    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

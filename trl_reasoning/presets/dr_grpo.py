@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..config import ReasoningConfig
 from ..trainer.base import ReasoningTrainer
-from .provenance import bibtex, document_sources, preset_default
+from .provenance import Paper, document_sources, preset_default
 
 
 @document_sources
@@ -46,15 +46,12 @@ class DrGRPOTrainer(ReasoningTrainer):
     config_class = DrGRPOConfig
     _tag_names = ["trl", "trl-reasoning", "dr-grpo"]
     _name = "Dr. GRPO"
-    _paper = {
-        "title": "Understanding R1-Zero-Like Training: A Critical Perspective",
-        "id": "2503.20783",
-        "citation": bibtex(
-            "liu2025understanding",
-            "Understanding R1-Zero-Like Training: A Critical Perspective",
-            "Zichen Liu and Changyu Chen and Wenjun Li and Penghui Qi and Tianyu Pang and Chao Du and Wee Sun Lee "
-            "and Min Lin",
-            2025,
-            "2503.20783",
-        ),
-    }
+    paper = Paper(
+        key="liu2025understanding",
+        title="Understanding R1-Zero-Like Training: A Critical Perspective",
+        authors="Zichen Liu and Changyu Chen and Wenjun Li and Penghui Qi and Tianyu Pang and Chao Du and Wee Sun Lee "
+        "and Min Lin",
+        year=2025,
+        arxiv_id="2503.20783",
+    )
+    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..config import ReasoningConfig
 from ..trainer.base import ReasoningTrainer
-from .provenance import bibtex, document_sources, preset_default
+from .provenance import Paper, document_sources, preset_default
 
 #: GSPO §5.1: each rollout batch is partitioned into four minibatches, one optimizer step each.
 PAPER_MINIBATCHES = 4
@@ -114,15 +114,12 @@ class GSPOTrainer(ReasoningTrainer):
     config_class = GSPOConfig
     _tag_names = ["trl", "trl-reasoning", "gspo"]
     _name = "GSPO"
-    _paper = {
-        "title": "Group Sequence Policy Optimization",
-        "id": "2507.18071",
-        "citation": bibtex(
-            "zheng2025gspo",
-            "Group Sequence Policy Optimization",
-            "Chujie Zheng and Shixuan Liu and Mingze Li and Xiong-Hui Chen and Bowen Yu and Chang Gao and Kai Dang "
-            "and Yuqiong Liu and Rui Men and An Yang and Jingren Zhou and Junyang Lin",
-            2025,
-            "2507.18071",
-        ),
-    }
+    paper = Paper(
+        key="zheng2025gspo",
+        title="Group Sequence Policy Optimization",
+        authors="Chujie Zheng and Shixuan Liu and Mingze Li and Xiong-Hui Chen and Bowen Yu and Chang Gao and Kai Dang "
+        "and Yuqiong Liu and Rui Men and An Yang and Jingren Zhou and Junyang Lin",
+        year=2025,
+        arxiv_id="2507.18071",
+    )
+    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

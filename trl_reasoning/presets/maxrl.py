@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..config import ReasoningConfig
 from ..trainer.base import ReasoningTrainer
-from .provenance import bibtex, document_sources, preset_default
+from .provenance import Paper, document_sources, preset_default
 
 
 @document_sources
@@ -55,15 +55,12 @@ class MaxRLTrainer(ReasoningTrainer):
     config_class = MaxRLConfig
     _tag_names = ["trl", "trl-reasoning", "maxrl"]
     _name = "MaxRL"
-    _paper = {
-        "title": "Maximum Likelihood Reinforcement Learning",
-        "id": "2602.02710",
-        "citation": bibtex(
-            "tajwar2026maximum",
-            "Maximum Likelihood Reinforcement Learning",
-            "Fahim Tajwar and Guanning Zeng and Yueer Zhou and Yuda Song and Daman Arora and Yiding Jiang and "
-            "Jeff Schneider and Ruslan Salakhutdinov and Haiwen Feng and Andrea Zanette",
-            2026,
-            "2602.02710",
-        ),
-    }
+    paper = Paper(
+        key="tajwar2026maximum",
+        title="Maximum Likelihood Reinforcement Learning",
+        authors="Fahim Tajwar and Guanning Zeng and Yueer Zhou and Yuda Song and Daman Arora and Yiding Jiang and "
+        "Jeff Schneider and Ruslan Salakhutdinov and Haiwen Feng and Andrea Zanette",
+        year=2026,
+        arxiv_id="2602.02710",
+    )
+    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

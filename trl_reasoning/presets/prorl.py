@@ -14,7 +14,7 @@ from transformers.trainer_utils import SchedulerType
 
 from ..config import ReasoningConfig
 from ..trainer.base import ReasoningTrainer
-from .provenance import bibtex, document_sources, preset_default
+from .provenance import Paper, document_sources, preset_default
 
 #: ProRL's training setup: a rollout batch of 256 prompts trained in mini-batches of 64, four updates per rollout.
 PAPER_MINIBATCHES = 4
@@ -122,15 +122,12 @@ class ProRLTrainer(ReasoningTrainer):
     config_class = ProRLConfig
     _tag_names = ["trl", "trl-reasoning", "prorl"]
     _name = "ProRL"
-    _paper = {
-        "title": "ProRL: Prolonged Reinforcement Learning Expands Reasoning Boundaries in Large Language Models",
-        "id": "2505.24864",
-        "citation": bibtex(
-            "liu2025prorl",
-            "ProRL: Prolonged Reinforcement Learning Expands Reasoning Boundaries in Large Language Models",
-            "Mingjie Liu and Shizhe Diao and Ximing Lu and Jian Hu and Xin Dong and Yejin Choi and Jan Kautz and "
-            "Yi Dong",
-            2025,
-            "2505.24864",
-        ),
-    }
+    paper = Paper(
+        key="liu2025prorl",
+        title="ProRL: Prolonged Reinforcement Learning Expands Reasoning Boundaries in Large Language Models",
+        authors="Mingjie Liu and Shizhe Diao and Ximing Lu and Jian Hu and Xin Dong and Yejin Choi and Jan Kautz and "
+        "Yi Dong",
+        year=2025,
+        arxiv_id="2505.24864",
+    )
+    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

@@ -1,15 +1,16 @@
 """Where a preset's defaults come from: :func:`preset_default` re-declares a ``ReasoningConfig`` field with the
-preset's default and records its source (the paper's section or equation, the authors' code, or TRL); :func:`bibtex`
-writes the model card's citation of the preset's paper.
+preset's default and records its source (the paper's section or equation, the authors' code, or TRL), and
+:class:`Paper` is the paper a preset implements, from which the model card's BibTeX is derived.
 
-Every preset module's config dataclass declares ``preset_default(...)`` fields under ``@document_sources``. The
-tables built from them are in :mod:`trl_reasoning.presets.tables`.
+Every preset module uses both: its config dataclass declares ``preset_default(...)`` fields under
+``@document_sources``, and its trainer declares ``paper = Paper(...)`` and ``_paper = paper.trl_paper()`` (the dict
+TRL's model card reads). The tables built from them are in :mod:`trl_reasoning.presets.tables`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import ReasoningConfig
@@ -51,9 +52,37 @@ def document_sources(config_class: type[ReasoningConfig]) -> type[ReasoningConfi
     return config_class
 
 
-def bibtex(key: str, title: str, authors: str, year: int, arxiv_id: str) -> str:
-    """A BibTeX ``@article`` entry for an arXiv paper (used by the model card)."""
-    return (
-        f"@article{{{key},\n    title   = {{{{{title}}}}},\n    author  = {{{authors}}},\n"
-        f"    year    = {year},\n    eprint  = {{arXiv:{arxiv_id}}},\n}}"
-    )
+@dataclass(frozen=True)
+class Paper:
+    """The arXiv paper a preset implements, written once; its BibTeX and TRL's ``_paper`` dict are derived from it.
+
+    Attributes:
+        key: the BibTeX citation key (``"yu2025dapo"``).
+        title: the paper's title.
+        authors: the BibTeX author list (``"A and B and others"``; LaTeX accents as BibTeX writes them).
+        year: the year of the arXiv version cited.
+        arxiv_id: the arXiv identifier (``"2503.14476"``).
+    """
+
+    key: str
+    title: str
+    authors: str
+    year: int
+    arxiv_id: str
+
+    @property
+    def url(self) -> str:
+        """The paper's arXiv page."""
+        return f"https://arxiv.org/abs/{self.arxiv_id}"
+
+    @property
+    def bibtex(self) -> str:
+        """A BibTeX ``@article`` entry for the paper (the model card's "Citations")."""
+        return (
+            f"@article{{{self.key},\n    title   = {{{{{self.title}}}}},\n    author  = {{{self.authors}}},\n"
+            f"    year    = {self.year},\n    eprint  = {{arXiv:{self.arxiv_id}}},\n}}"
+        )
+
+    def trl_paper(self) -> dict[str, str]:
+        """The ``_paper`` dict TRL's trainers declare and its model card reads: ``title``, ``id`` and ``citation``."""
+        return {"title": self.title, "id": self.arxiv_id, "citation": self.bibtex}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..config import ReasoningConfig
 from ..trainer.base import ReasoningTrainer
-from .provenance import bibtex, document_sources, preset_default
+from .provenance import Paper, document_sources, preset_default
 
 
 @document_sources
@@ -98,14 +98,11 @@ class ReinforcePPTrainer(ReasoningTrainer):
     config_class = ReinforcePPConfig
     _tag_names = ["trl", "trl-reasoning", "reinforce-pp"]
     _name = "REINFORCE++"
-    _paper = {
-        "title": "REINFORCE++: Stabilizing Critic-Free Policy Optimization with Global Normalization",
-        "id": "2501.03262",
-        "citation": bibtex(
-            "hu2025reinforce",
-            "REINFORCE++: Stabilizing Critic-Free Policy Optimization with Global Normalization",
-            "Jian Hu and Jason Klein Liu and Haotian Xu and Wei Shen",
-            2025,
-            "2501.03262",
-        ),
-    }
+    paper = Paper(
+        key="hu2025reinforce",
+        title="REINFORCE++: Stabilizing Critic-Free Policy Optimization with Global Normalization",
+        authors="Jian Hu and Jason Klein Liu and Haotian Xu and Wei Shen",
+        year=2025,
+        arxiv_id="2501.03262",
+    )
+    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..config import ReasoningConfig
 from ..trainer.base import ReasoningTrainer
-from .provenance import bibtex, document_sources, preset_default
+from .provenance import Paper, document_sources, preset_default
 
 
 @document_sources
@@ -61,15 +61,12 @@ class RLOOTrainer(ReasoningTrainer):
     config_class = RLOOConfig
     _tag_names = ["trl", "trl-reasoning", "rloo"]
     _name = "RLOO"
-    _paper = {
-        "title": "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs",
-        "id": "2402.14740",
-        "citation": bibtex(
-            "ahmadian2024back",
-            "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs",
-            "Arash Ahmadian and Chris Cremer and Matthias Gall{\\'e} and Marzieh Fadaee and Julia Kreutzer and "
-            'Olivier Pietquin and Ahmet {\\"U}st{\\"u}n and Sara Hooker',
-            2024,
-            "2402.14740",
-        ),
-    }
+    paper = Paper(
+        key="ahmadian2024back",
+        title="Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs",
+        authors="Arash Ahmadian and Chris Cremer and Matthias Gall{\\'e} and Marzieh Fadaee and Julia Kreutzer and "
+        'Olivier Pietquin and Ahmet {\\"U}st{\\"u}n and Sara Hooker',
+        year=2024,
+        arxiv_id="2402.14740",
+    )
+    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

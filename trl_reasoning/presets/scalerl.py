@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..config import ReasoningConfig
 from ..trainer.base import ReasoningTrainer
-from .provenance import bibtex, document_sources, preset_default
+from .provenance import Paper, document_sources, preset_default
 
 
 @document_sources
@@ -75,14 +75,11 @@ class ScaleRLTrainer(ReasoningTrainer):
     config_class = ScaleRLConfig
     _tag_names = ["trl", "trl-reasoning", "scalerl"]
     _name = "ScaleRL"
-    _paper = {
-        "title": "The Art of Scaling Reinforcement Learning Compute for LLMs",
-        "id": "2510.13786",
-        "citation": bibtex(
-            "khatri2025scalerl",
-            "The Art of Scaling Reinforcement Learning Compute for LLMs",
-            "Devvrit Khatri and Lovish Madaan and Rishabh Tiwari and others",
-            2025,
-            "2510.13786",
-        ),
-    }
+    paper = Paper(
+        key="khatri2025scalerl",
+        title="The Art of Scaling Reinforcement Learning Compute for LLMs",
+        authors="Devvrit Khatri and Lovish Madaan and Rishabh Tiwari and others",
+        year=2025,
+        arxiv_id="2510.13786",
+    )
+    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)
