@@ -5,16 +5,20 @@ Two parts answer "where does a batch come from": ``rollout.Rollout`` (generation
 selection, retirement) and, with ``async_rollouts``, ``async_rollouts.pipeline.AsyncRollouts`` (the behaviour weights and the
 generator that samples ahead). The trainer calls them and lends them TRL's methods (``trl_round``, ``trl_generate``,
 ``behaviour_logps``, ``tokenize_prompts``); "how is it trained on" is this module's loss path (``_compute_loss``).
-What each part may read from or write to the trainer is a ``Protocol``: ``rollout.RolloutHost`` and
-``async_rollouts.protocols.AsyncRolloutHost`` (with ``VLLMBackendHost`` or ``GenerateBackendHost`` by backend),
-checked by name when a trainer is built (:func:`check_rollout_host`).
+Two more parts serve the loss path: ``correction.ImportanceCorrection`` (the importance-sampling correction between
+``pi_old`` and the sampler, the ratio anchor and their metrics) and ``topk_forward.TopKForward`` (DPPO's top-K
+forward and its chunked LM head). What each part may read from or write to the trainer is a ``Protocol``:
+``rollout.RolloutHost``, ``async_rollouts.protocols.AsyncRolloutHost`` (with ``VLLMBackendHost`` or
+``GenerateBackendHost`` by backend), ``correction.CorrectionHost`` and ``topk_forward.TopKForwardHost`` (with
+``TopKEngineHost`` under vLLM), checked by name when a trainer is built (:func:`check_rollout_host`).
 
-This is the only module that overrides TRL's private methods. All of them are listed in ``TRL_PRIVATE_API`` with
-the parameter names checked against ``TRL_CHECKED_VERSION``; ``check_trl_private_api`` (run when a trainer is built
-and by a test) fails loudly, naming the method, when an installed TRL no longer matches. Every ``GRPOTrainer``
-attribute the package reads or writes is in ``TRL_INSTANCE_ATTRIBUTES`` (or, set by TRL for one generation backend
-only, ``TRL_VLLM_INSTANCE_ATTRIBUTES`` / ``TRL_GENERATE_INSTANCE_ATTRIBUTES``), checked in TRL's ``__init__`` source
-by ``check_trl_private_api`` and on the built trainer.
+This is the only module that overrides TRL's private methods (the overrides delegate to the parts). All of them are
+listed in ``TRL_PRIVATE_API`` (``trl_api.py``, the TRL-API guard, whose names are importable from here too) with the
+parameter names checked against ``TRL_CHECKED_VERSION``; ``check_trl_private_api`` (run when a trainer is built and
+by a test) fails loudly, naming the method, when an installed TRL no longer matches. Every ``GRPOTrainer`` attribute
+the package reads or writes is in ``TRL_INSTANCE_ATTRIBUTES`` (or, set by TRL for one generation backend only,
+``TRL_VLLM_INSTANCE_ATTRIBUTES`` / ``TRL_GENERATE_INSTANCE_ATTRIBUTES``), checked in TRL's ``__init__`` source by
+``check_trl_private_api`` and on the built trainer.
 
 How a step works, on top of TRL's ``GRPOTrainer``:
 
@@ -34,18 +38,15 @@ How a step works, on top of TRL's ``GRPOTrainer``:
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import os
-import re
 import warnings
 import weakref
 from typing import Any
 
 import torch
 from datasets import IterableDataset
-from packaging.version import Version
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
@@ -53,23 +54,13 @@ from ..algorithms.advantages import ADVANTAGE_ESTIMATORS
 from ..algorithms.aggregation import AGGREGATIONS, aggregate_loss, completion_weights
 from ..algorithms.batch import TrainBatch
 from ..algorithms.group_selection import RetiredPrompts
-from ..algorithms.importance_sampling import (
-    ICEPOP_MODE,
-    TRL_DEFAULT_CORRECTION_MODE,
-    TRL_IMPORTANCE_SAMPLING_MODES,
-    CorrectionStats,
-    correction_weight,
-    effective_sample_size_terms,
-    ess_from_terms,
-    weight_share_changed,
-)
+from ..algorithms.importance_sampling import ICEPOP_MODE
 from ..algorithms.losses import POLICY_LOSSES, compute_policy_loss
 from ..algorithms.sampling_processors import model_generation_defaults, unreproduced_settings
 from ..algorithms.trl_mirror import k3_kl, masked_means_over_processes
 from ..algorithms.truncation import sampling_truncation
 from ..async_rollouts.pipeline import async_rollouts_for
-from ..async_rollouts.protocols import AsyncRolloutHost, GenerateBackendHost, VLLMBackendHost, missing_members
-from ..async_rollouts.server_generator import SAMPLING_ATTRIBUTES
+from ..async_rollouts.protocols import AsyncRolloutHost, GenerateBackendHost, VLLMBackendHost
 from ..config import ReasoningConfig
 from ..models.lm_head import cast_lm_head_to_fp32, unwrap_peft
 from ..models.model_card import ReasoningModelCardMixin
@@ -80,231 +71,44 @@ from ..rewards.wrapping import (
 from ..utils.checkpointing import activation_checkpointing_disabled
 from ..utils.user_warnings import user_stacklevel
 from .checkpoints import last_complete_checkpoint
+from .correction import CorrectionHost, ImportanceCorrection, uses_trl_is_ratio
 from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
 from .prompt_lengths import ContextGuard, render_prompts
 from .reference_reset import reference_reset_for
 from .rollout import Rollout, RolloutHost, loss_tokens
-from .topk_forward import FORWARD_KEYS, TopKForwardMixin, model_inputs
-
-logger = logging.getLogger(__name__)
-
-#: The TRL releases this package is tested against (also pinned in pyproject.toml).
-SUPPORTED_TRL = (Version("1.16.0"), Version("1.17.0"))
-TRL_CHECKED_VERSION = "1.16.0"
-
-#: Every private (or semi-private) ``GRPOTrainer`` method this module overrides or calls, with the leading
-#: parameter names (after ``self``) it relies on. Checked against TRL 1.16.0.
-TRL_PRIVATE_API: dict[str, tuple[str, ...]] = {
-    # overridden here
-    "_calculate_rewards": ("inputs", "prompts", "completions", "completion_ids_list"),
-    "_generate_and_score_completions": ("inputs",),
-    "_compute_loss": ("model", "inputs"),
-    "_get_train_sampler": ("dataset",),
-    "_save_checkpoint": ("model", "trial"),
-    "_load_optimizer_and_scheduler": ("checkpoint",),
-    "_generate": ("prompts",),
-    "_get_per_token_logps_and_entropies": (
-        "model",
-        "input_ids",
-        "attention_mask",
-        "logits_to_keep",
-        "batch_size",
-        "compute_entropy",
-        "compute_aux_loss",
-    ),
-    # called from the overrides
-    "get_high_entropy_mask": ("entropies", "mask", "threshold"),
-    "get_off_policy_mask": ("advantages", "per_token_logps", "sampling_per_token_logps", "mask"),
-    "_get_output_dir": ("trial",),
-    "_tokenize_prompts": ("prompts",),
-}
-
-#: TRL functions (outside ``GRPOTrainer``) called here as ``GRPOTrainer.__init__`` calls them, with the leading
-#: parameter names relied on. Checked against TRL 1.16.0.
-TRL_HELPER_FUNCTIONS: dict[str, tuple[str, ...]] = {
-    "add_fused_lm_head": ("model", "temperature", "cast_lm_head_to_fp32", "outputs"),
-    # multimodal rows: image tensors cut into one entry per row and joined back (dynamic sampling, DPPO top-K)
-    "split_pixel_values_by_grid": ("batch",),
-    "unsplit_pixel_values_by_grid": ("batch",),
-}
-#: ``trl.generation.vllm_generation.VLLMGeneration``: the public ``generate`` that DPPO top-K wraps on
-#: ``GRPOTrainer.vllm_generation`` (its leading parameters and its 4-tuple ``(prompt_ids, completion_ids, logprobs,
-#: logprob_token_ids)``), and the ``logprobs`` setting it reads at each call. Checked against TRL 1.16.0.
-TRL_VLLM_GENERATION: dict[str, tuple[str, ...]] = {
-    "generate": ("prompts", "images", "num_generations", "profiler"),
-    "sync_weights": (),  # async_generator="server" pushes the behaviour weights with it
-}
-#: Attributes of ``VLLMGeneration`` read here: DPPO's ``logprobs``; the server client and the sampling settings that
-#: ``async_generator="server"`` sends as TRL's ``generate`` sends them (``server_generator.sampling_parameters``).
-TRL_VLLM_GENERATION_ATTRIBUTES = ("logprobs", "vllm_client", *SAMPLING_ATTRIBUTES)
-#: ``trl.generation.vllm_client.VLLMClient.generate``'s parameters that ``async_generator="server"`` passes.
-TRL_VLLM_CLIENT_GENERATE: dict[str, tuple[str, ...]] = {
-    "generate": (
-        "prompts",
-        "features",
-        "n",
-        "repetition_penalty",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "max_tokens",
-        "logprobs",
-        "structured_outputs_regex",
-        "generation_kwargs",
-    ),
-}
-#: transformers' private ``GenerationMixin`` methods wrapped here, with their leading parameters: the sampler's
-#: log-probabilities are read from ``generate``'s own scores by a processor appended to the list this method builds
-#: (``trl_reasoning.async_rollouts.sampler_logps``). Checked against transformers 5.24.0.
-TRANSFORMERS_PRIVATE_API: dict[str, tuple[str, ...]] = {
-    "_get_logits_processor": ("generation_config", "input_ids_seq_length"),
-}
-#: The per-token outputs GRPOTrainer asks of its fused LM head (TRL 1.16, ``GRPOTrainer.__init__``).
-TRL_FUSED_LM_HEAD_OUTPUTS = ("log_probs", "entropy")
-
-#: ``GRPOTrainer`` instance attributes the package reads or writes (set in TRL's ``__init__`` whatever the generation
-#: backend): the overrides', and those of the rollout parts' protocols that come from TRL (``RolloutHost``,
-#: ``AsyncRolloutHost``).
-TRL_INSTANCE_ATTRIBUTES = (
-    "_metrics",
-    "_logs",
-    "beta",
-    "num_generations",
-    "num_generations_eval",
-    "max_completion_length",
-    "epsilon_low",
-    "epsilon_high",
-    "use_vllm",
-    "vllm_importance_sampling_correction",
-    "vllm_importance_sampling_mode",
-    "vllm_importance_sampling_clip_min",
-    "vllm_importance_sampling_clip_max",
-    "_step",
-    "off_policy_mask_threshold",
-    "top_entropy_quantile",
-    "use_adaptive_entropy",
-    "entropy_coef",
-    "_entropy_bonus_enabled",
-    "_last_world_entropy",
-    "_entropy_window_stats",
-    "aux_loss_enabled",
-    "router_aux_loss_coef",
-    "reward_funcs",
-    "reward_func_names",
-    "reward_weights",
-    "_tokenizer",
-    "shuffle_dataset",
-    "num_iterations",
-    "temperature",
-    "environment_factories",
-    "_is_vlm",
-    "tools",
-    "chat_template",
-    "chat_template_kwargs",
-    "ref_model",
-    # asynchronous rollouts: the processes' sampling settings, and TRL's rollout_func path that decodes a batch
-    # sampled ahead
-    "eos_token_ids",
-    "pad_to_multiple_of",
-    "rollout_func",
+from .topk_forward import (
+    FORWARD_KEYS,
+    TopKEngineHost,
+    TopKForward,
+    TopKForwardHost,
+    model_inputs,
+    uses_topk_divergence,
 )
 
+# The TRL-API guard's names, importable from here as before it was its own module (trainer/trl_api.py).
+from .trl_api import (  # noqa: F401
+    SUPPORTED_TRL,
+    TRANSFORMERS_PRIVATE_API,
+    TRL_CHECKED_VERSION,
+    TRL_FUSED_LM_HEAD_OUTPUTS,
+    TRL_GENERATE_INSTANCE_ATTRIBUTES,
+    TRL_HELPER_FUNCTIONS,
+    TRL_INSTANCE_ATTRIBUTES,
+    TRL_PRIVATE_API,
+    TRL_VLLM_CLIENT_GENERATE,
+    TRL_VLLM_GENERATION,
+    TRL_VLLM_GENERATION_ATTRIBUTES,
+    TRL_VLLM_INSTANCE_ATTRIBUTES,
+    TRLCompatibilityError,
+    _signature_problems,
+    check_rollout_host,
+    check_trl_private_api,
+    trl_attribute_problems,
+    trl_instance_attributes,
+    warn_if_trl_unsupported,
+)
 
-#: ``GRPOTrainer`` instance attributes set only when ``use_vllm`` and read then (by ``topk_forward``, for DPPO's engine
-#: top-K; by asynchronous rollouts, ``VLLMBackendHost``, which also write ``_last_loaded_step`` to make TRL sync).
-TRL_VLLM_INSTANCE_ATTRIBUTES = ("vllm_generation", "vllm_mode", "_last_loaded_step")
-#: ``GRPOTrainer`` instance attributes set only without vLLM (HF ``generate`` samples) and read then, by asynchronous
-#: rollouts that sample outside TRL's ``_generate`` (``GenerateBackendHost``).
-TRL_GENERATE_INSTANCE_ATTRIBUTES = ("generation_config", "generation_kwargs")
-
-
-def trl_instance_attributes(use_vllm: bool) -> tuple[str, ...]:
-    """The ``GRPOTrainer`` instance attributes a trainer with this generation backend must have."""
-    backend = TRL_VLLM_INSTANCE_ATTRIBUTES if use_vllm else TRL_GENERATE_INSTANCE_ATTRIBUTES
-    return TRL_INSTANCE_ATTRIBUTES + backend
-
-
-def trl_attribute_problems(init_source: str) -> list[str]:
-    """The guarded instance attributes that ``GRPOTrainer.__init__`` (its source, ``init_source``) no longer sets."""
-    every = TRL_INSTANCE_ATTRIBUTES + TRL_VLLM_INSTANCE_ATTRIBUTES + TRL_GENERATE_INSTANCE_ATTRIBUTES
-    return [
-        f"GRPOTrainer.__init__ no longer sets self.{name}"
-        for name in every
-        if not re.search(rf"\bself\.{re.escape(name)}\s*(?::[^=\n]+)?(?:,\s*self\.\w+\s*)*=(?!=)", init_source)
-    ]
-
-
-def check_rollout_host(trainer: Any, *protocols: type) -> None:
-    """Raise :class:`TRLCompatibilityError` naming every member of ``protocols`` (the rollout parts' seams:
-    ``RolloutHost``, ``AsyncRolloutHost`` and its backend's) that ``trainer`` lacks."""
-    problems = [f"{protocol.__name__}.{name}" for protocol in protocols for name in missing_members(trainer, protocol)]
-    if problems:
-        raise TRLCompatibilityError(
-            f"{type(trainer).__name__} lacks {', '.join(problems)}, which trl-reasoning's rollout parts read: the "
-            f"installed TRL or transformers no longer sets them (checked against TRL {TRL_CHECKED_VERSION})."
-        )
-
-
-class TRLCompatibilityError(RuntimeError):
-    """The installed TRL no longer has a private method or attribute that trl-reasoning relies on."""
-
-
-def _signature_problems(owner: str, namespace: Any, expected_parameters: dict[str, tuple[str, ...]]) -> list[str]:
-    """What no longer matches: each ``namespace.name`` must exist and its parameters (after ``self``) start with
-    ``expected_parameters[name]``."""
-    problems = []
-    for name, expected in expected_parameters.items():
-        function = getattr(namespace, name, None)
-        if function is None:
-            problems.append(f"{owner}.{name} no longer exists")
-            continue
-        params = [p for p in inspect.signature(function).parameters if p != "self"]
-        if tuple(params[: len(expected)]) != expected:
-            problems.append(
-                f"{owner}.{name} takes ({', '.join(params)}), expected it to start with ({', '.join(expected)})"
-            )
-    return problems
-
-
-def check_trl_private_api(trainer_class: type = GRPOTrainer) -> None:
-    """Raise :class:`TRLCompatibilityError` naming every entry of ``TRL_PRIVATE_API`` that ``trainer_class`` lacks or
-    whose leading parameters changed (likewise ``TRL_HELPER_FUNCTIONS`` and ``TRL_VLLM_GENERATION``), and every
-    guarded instance attribute that TRL's ``GRPOTrainer.__init__`` no longer sets."""
-    import trl
-    import trl.trainer.utils as trl_utils
-    from transformers.generation.utils import GenerationMixin
-    from trl.generation.vllm_client import VLLMClient
-    from trl.generation.vllm_generation import VLLMGeneration
-
-    problems = _signature_problems(trainer_class.__name__, trainer_class, TRL_PRIVATE_API)
-    problems += _signature_problems("trl.trainer.utils", trl_utils, TRL_HELPER_FUNCTIONS)
-    problems += _signature_problems("VLLMGeneration", VLLMGeneration, TRL_VLLM_GENERATION)
-    problems += _signature_problems("VLLMClient", VLLMClient, TRL_VLLM_CLIENT_GENERATE)
-    problems += _signature_problems("transformers GenerationMixin", GenerationMixin, TRANSFORMERS_PRIVATE_API)
-    problems += trl_attribute_problems(inspect.getsource(GRPOTrainer.__init__))
-    class_source = inspect.getsource(VLLMGeneration)
-    for attribute in TRL_VLLM_GENERATION_ATTRIBUTES:
-        if f"self.{attribute} =" not in class_source:
-            problems.append(f"VLLMGeneration no longer sets self.{attribute}")
-    if problems:
-        raise TRLCompatibilityError(
-            f"trl-reasoning was checked against TRL {TRL_CHECKED_VERSION}, but the installed TRL {trl.__version__} "
-            "changed private methods it overrides or calls:\n  - " + "\n  - ".join(problems) + "\nInstall a "
-            f"supported TRL: pip install 'trl>={SUPPORTED_TRL[0]},<{SUPPORTED_TRL[1]}'."
-        )
-
-
-def warn_if_trl_unsupported() -> None:
-    import trl
-
-    version = Version(trl.__version__)
-    if not SUPPORTED_TRL[0] <= version < SUPPORTED_TRL[1]:
-        warnings.warn(
-            f"trl-reasoning supports trl>={SUPPORTED_TRL[0]},<{SUPPORTED_TRL[1]}, but trl {version} is installed. "
-            f"Install a supported version: pip install 'trl>={SUPPORTED_TRL[0]},<{SUPPORTED_TRL[1]}'.",
-            stacklevel=2,
-        )
+logger = logging.getLogger(__name__)
 
 
 def _is_composite_model(model, args) -> bool:
@@ -324,7 +128,29 @@ def _is_composite_model(model, args) -> bool:
     return config is not None and config.get_text_config() is not config
 
 
-class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
+class _PartAttribute:
+    """A trainer attribute that is one of its parts' (``part``, an attribute of the trainer): reading, writing and
+    deleting it on the trainer reads, writes and deletes ``name`` (by default the same name) on the part."""
+
+    def __init__(self, part: str, name: str | None = None) -> None:
+        self.part, self.name = part, name
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = self.name or name
+
+    def __get__(self, trainer: Any, owner: type | None = None) -> Any:
+        if trainer is None:
+            return self
+        return getattr(getattr(trainer, self.part), self.name)
+
+    def __set__(self, trainer: Any, value: Any) -> None:
+        setattr(getattr(trainer, self.part), self.name, value)
+
+    def __delete__(self, trainer: Any) -> None:
+        delattr(getattr(trainer, self.part), self.name)
+
+
+class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
     """A [`~trl.GRPOTrainer`] whose advantage estimator, policy objective, loss aggregation and reward shaping are
     chosen by name in a [`ReasoningConfig`]. Takes exactly `GRPOTrainer`'s arguments.
 
@@ -335,6 +161,17 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
     config_class: type[ReasoningConfig] = ReasoningConfig
     _tag_names = ["trl", "trl-reasoning"]
     _name = "trl-reasoning"
+
+    # The parts' state and helpers, reachable on the trainer as before they were parts (the asynchronous rollouts'
+    # ``_engine_topk``, tests' spies, benchmarks' switches): read, written and deleted on the part.
+    _engine_topk = _PartAttribute("topk_forward", "engine_topk")
+    _lm_head_from_hidden = _PartAttribute("topk_forward", "lm_head_from_hidden")
+    _final_hidden_states = _PartAttribute("topk_forward")
+    _completion_logits = _PartAttribute("topk_forward")
+    _sharded_lm_head = _PartAttribute("topk_forward")
+    _engine_rollout_topk = _PartAttribute("topk_forward")
+    _correction_source = _PartAttribute("correction", "source")
+    _correction_stats = _PartAttribute("correction", "stats")
 
     def __init__(self, model, reward_funcs=None, args: ReasoningConfig | None = None, *more, **kwargs):
         check_trl_private_api()
@@ -380,6 +217,10 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
         ]
         self._scored_batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        # DPPO's top-K forward (trainer/topk_forward.py; its defaults: LM head from the hidden states, no engine top-K),
+        # reading this trainer only through its protocols.
+        check_rollout_host(self, TopKForwardHost, *((TopKEngineHost,) if self.use_vllm else ()))
+        self.topk_forward = TopKForward(self)
         # Where a batch comes from: generation rounds, shaping, group selection, prompt sampling (its state is saved
         # in checkpoints). It and the asynchronous rollouts read this trainer only through their protocols.
         check_rollout_host(self, RolloutHost)
@@ -392,29 +233,20 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         self.reference_reset = reference_reset_for(self)
         if self.reference_reset is not None:
             self.add_callback(self.reference_reset)
-        # DPPO top-K (TopKForwardMixin's defaults: LM head from the hidden states, no engine top-K): vLLM's own top-K
-        # when vLLM generates.
+        # DPPO top-K: vLLM's own top-K when vLLM generates.
         if self.use_vllm and self._uses_topk_divergence:
-            self._keep_engine_topk()
+            self.topk_forward.keep_engine_topk()
         # Asynchronous rollouts (trl_reasoning.async_rollouts.pipeline): the behaviour policy's weights, saved in checkpoints,
         # and the generator that samples ahead.
         check_rollout_host(self, AsyncRolloutHost, VLLMBackendHost if self.use_vllm else GenerateBackendHost)
         self.async_rollouts = async_rollouts_for(self, self._sampler_settings_problem())
         self.behaviour = self.async_rollouts and self.async_rollouts.behaviour
         self.pipeline = self.async_rollouts and self.async_rollouts.pipeline
-        self._resolve_ratio_anchor()
-        self._warn_if_correction_mode_ignored()
-        # The vLLM / asynchronous importance-sampling correction: who builds its weight, and its metrics of the
-        # generation batch being trained on (accumulated over the micro-batches when the loss builds it).
-        self._correction_source = self._importance_sampling_source()
-        self._correction_stats = {
-            mode: CorrectionStats(
-                self.vllm_importance_sampling_mode,
-                self.vllm_importance_sampling_clip_min,
-                self.vllm_importance_sampling_clip_max,
-            )
-            for mode in ("train", "eval")
-        }
+        # The vLLM / asynchronous importance-sampling correction (trainer/correction.py): the ratio anchor, who builds
+        # its weight, and its metrics of the generation batch being trained on (accumulated over the micro-batches when
+        # the loss builds it); built once the asynchronous rollouts are, reading this trainer through its protocol.
+        check_rollout_host(self, CorrectionHost)
+        self.correction = ImportanceCorrection(self)
 
     def _sampler_settings_problem(self) -> str | None:
         """Why the sampler's log-probabilities ``mu`` cannot meet the policy's in a ratio: the generation settings
@@ -454,75 +286,6 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
                 stacklevel=user_stacklevel(),
             )
         return problem
-
-    def _resolve_ratio_anchor(self) -> None:
-        """``args.ratio_anchor`` where the config left it to the trainer (``async_rollouts=None``), and the one warning
-        of an asynchronous run whose objective has no trust region against the sampler."""
-        args, asynchronous = self.args, self.async_rollouts is not None
-        loss = args.policy_loss
-        if args.ratio_anchor is None:
-            args.resolve_ratio_anchor(asynchronous)
-            # TRL copied the mode onto the trainer in its __init__: the decoupled anchor's truncation goes on both
-            self.vllm_importance_sampling_mode = args.vllm_importance_sampling_mode
-        if asynchronous and args.ratio_anchor == "pi_old" and not POLICY_LOSSES.trait(loss, "own_is_correction"):
-            steps = args.steps_per_generation * self.num_iterations
-            where = (
-                "the learner itself (one optimizer step per generation batch), so its ratio is 1 and it never acts"
-                if steps == 1
-                else f"the weights that scored the batch, so it acts only within the {steps} optimizer steps of a batch"
-            )
-            warnings.warn(
-                f"ratio_anchor='pi_old' with asynchronous rollouts: policy_loss={loss!r} takes its ratio against "
-                f"pi_old, {where}; nothing bounds the update against the policy that sampled ({args.max_staleness} "
-                "generation steps earlier) but TRL's importance-sampling correction (vllm_importance_sampling_mode="
-                f"{args.vllm_importance_sampling_mode!r}). Set ratio_anchor='sampler' (verl's bypass mode) or "
-                "'decoupled' (AReaL) for a trust region against the sampler.",
-                UserWarning,
-                stacklevel=user_stacklevel(),
-            )
-
-    def _warn_if_correction_mode_ignored(self) -> None:
-        """A ``vllm_importance_sampling_mode`` set away from TRL's default on a run whose loss takes its ratio against
-        the sampler (DPPO, ``ratio_anchor="sampler"``): the mode is not applied (the mismatch would count twice), and
-        a setting the user chose is never dropped without a word."""
-        mode = self.args.vllm_importance_sampling_mode
-        reads_mu = self.use_vllm or self.async_rollouts is not None
-        if not reads_mu or self._uses_trl_is_ratio() or mode == TRL_DEFAULT_CORRECTION_MODE:
-            return
-        warnings.warn(
-            f"vllm_importance_sampling_mode={mode!r} is not applied: policy_loss={self.args.policy_loss!r} takes its "
-            "ratio against the sampler itself (ratio_anchor='sampler'), so TRL's correction of pi_old / mu would "
-            "count the mismatch twice. Set ratio_anchor='pi_old' (or 'decoupled') to train with that correction, or "
-            "drop vllm_importance_sampling_mode.",
-            UserWarning,
-            stacklevel=user_stacklevel(),
-        )
-
-    def _importance_sampling_source(self) -> str | None:
-        """Where the weight of TRL's importance-sampling correction between ``pi_old`` and the sampler is built:
-
-        - ``None``: nowhere (the correction is off, the run samples neither with vLLM nor asynchronously, or the loss
-          takes its ratio against the sampler itself: DPPO, asynchronous CISPO). TRL is not asked for it either, which
-          skips TRL's no-grad forward for ``pi_old`` where TRL ran it only for the correction.
-        - ``"loss"``: in ``_compute_loss``, from the loss forward's own detached log-probs. Exact when the weights do
-          not change between a batch's scoring and its loss: ``gradient_accumulation_steps`` is a multiple of
-          ``steps_per_generation * num_iterations`` (TRL's own condition for dropping ``pi_old``), so every
-          generation batch is scored and trained within one optimizer step. TRL's forward for ``pi_old`` is skipped.
-        - ``"trl"``: TRL's own code at scoring (its forward, ratio and metrics): TRL's modes where ``"loss"`` is not
-          exact or ``importance_sampling_pi_old_from_loss=False``.
-        - ``"scoring"``: this package's modes where ``"loss"`` is not taken: built at scoring from TRL's ``pi_old``
-          (or from a forward of the same weights when TRL does not compute it)."""
-        args = self.args
-        if not (args.vllm_importance_sampling_correction and self._uses_trl_is_ratio()):
-            return None
-        if not (self.use_vllm or self.async_rollouts is not None):
-            return None
-        one_update_per_batch = (
-            args.gradient_accumulation_steps % (args.steps_per_generation * self.num_iterations) == 0
-        )
-        if args.importance_sampling_pi_old_from_loss and one_update_per_batch:
-            return "loss"
-        return "trl" if self.vllm_importance_sampling_mode in TRL_IMPORTANCE_SAMPLING_MODES else "scoring"
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """The Trainer's; with a generator that samples ahead, the next ``max_staleness`` steps' batches are read
@@ -621,12 +384,12 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         """One round of TRL's own generation and scoring of ``inputs`` (this process's rows): TRL's output, and the
         rewards per function and completion lengths of the gathered batch (captured by ``_calculate_rewards``)."""
         self._scored_batch = None
-        if self._engine_topk is not None:
-            self._engine_topk = []
-        with self._trl_scoring() as corrected:
+        if self.topk_forward.engine_topk is not None:
+            self.topk_forward.engine_topk = []
+        with self.correction.scoring() as corrected:
             output = super()._generate_and_score_completions(inputs)
-            if corrected and self._correction_source == "scoring":
-                self._correction_at_scoring(output)
+            if corrected and self.correction.source == "scoring":
+                self.correction.at_scoring(output)
         if self._scored_batch is None:
             raise TRLCompatibilityError(
                 "GRPOTrainer._generate_and_score_completions no longer calls _calculate_rewards; trl-reasoning "
@@ -634,80 +397,13 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             )
         rewards_per_func, lengths = self._scored_batch
         self._scored_batch = None
-        if self._correction_source == "trl" and "importance_sampling_ratio" in output:
-            self._log_trl_correction(output)
+        if self.correction.source == "trl" and "importance_sampling_ratio" in output:
+            self.correction.log_trl_correction(output)
         return output, rewards_per_func, lengths
 
-    @contextlib.contextmanager
-    def _trl_scoring(self):
-        """Around TRL's scoring of a batch: an asynchronous batch takes TRL's vLLM path (``AsyncRollouts.scoring``),
-        and TRL builds its importance-sampling correction only where :meth:`_importance_sampling_source` says
-        ``"trl"`` (elsewhere its no-grad forward for ``pi_old`` would only feed a correction built here, or none).
-        Yields whether the correction applies to this batch."""
-        async_scoring = self.async_rollouts.scoring() if self.async_rollouts is not None else contextlib.nullcontext()
-        with async_scoring:
-            requested = self.vllm_importance_sampling_correction
-            applies = bool(requested and self.use_vllm and self._correction_source is not None)
-            self.vllm_importance_sampling_correction = requested and self._correction_source == "trl"
-            try:
-                yield applies
-            finally:
-                self.vllm_importance_sampling_correction = requested
-
-    def _correction_at_scoring(self, output: dict) -> None:
-        """This package's modes where the loss cannot build the weight: from TRL's ``pi_old`` (or, where TRL skipped
-        it, a no-grad forward of the same weights), at scoring, with TRL's metrics."""
-        old = output.get("old_per_token_logps")
-        if old is None:
-            old = self.behaviour_logps(output)
-            output["old_per_token_logps"] = old
-        mask = loss_tokens(output)
-        sampler = output["sampling_per_token_logps"]
-        weight = self._correction_weight(old, sampler, mask)
-        output["importance_sampling_ratio"] = weight
-        mode = "train" if self.model.training else "eval"
-        self._correction_stats[mode].add(old, sampler, mask, weight)
-        self._log_correction_stats(mode)
-
     def _correction_weight(self, old_logps, sampler_logps, mask) -> torch.Tensor:
-        return correction_weight(
-            old_logps,
-            sampler_logps,
-            mask,
-            self.vllm_importance_sampling_mode,
-            self.vllm_importance_sampling_clip_min,
-            self.vllm_importance_sampling_clip_max,
-        )
-
-    def _log_correction_stats(self, mode: str) -> None:
-        """Log the accumulated correction metrics of one generation batch (a collective: every process calls it at
-        the same point)."""
-        values = self._correction_stats[mode].reduce(self.accelerator.gather, self.accelerator.device)
-        changed = values.pop("is_weight_changed")
-        for key, value in values.items():
-            self._metrics[mode][key].append(value)
-        if self.async_rollouts is not None and mode == "train":
-            self._metrics[mode]["async/is_weight_changed"].append(changed)
-
-    def _log_trl_correction(self, output: dict) -> None:
-        """Next to TRL's own ``sampling/*`` metrics: the effective sample size of its weights and, on an asynchronous
-        batch, the share of weights its mode changed."""
-        mode = "train" if self.model.training else "eval"
-        ratio, mask = output["importance_sampling_ratio"], loss_tokens(output)
-        sampling_mode = self.vllm_importance_sampling_mode
-        device = self.accelerator.device
-        terms = self.accelerator.reduce(effective_sample_size_terms(ratio, mask, sampling_mode).to(device), "sum")
-        self._metrics[mode]["sampling/effective_sample_size"].append(ess_from_terms(terms))
-        if self.async_rollouts is not None and mode == "train":
-            changed, counted = weight_share_changed(
-                ratio,
-                mask,
-                sampling_mode,
-                self.vllm_importance_sampling_clip_min,
-                self.vllm_importance_sampling_clip_max,
-            )
-            share = torch.tensor([changed / counted if counted else 0.0], device=device)
-            self._metrics[mode]["async/is_weight_changed"].append(self.accelerator.gather(share).mean().item())
+        """The importance-sampling correction's weight (``ImportanceCorrection.weight``)."""
+        return self.correction.weight(old_logps, sampler_logps, mask)
 
     # ------------------------------------------------------------------ TRL private override 7 of 8
     def _generate(self, prompts):
@@ -731,7 +427,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         **forward_inputs,
     ):
         """TRL's, or with ``truncated_support_scoring`` the log-probs of the sampler's truncated distribution
-        (``TopKForwardMixin._logps_on_sampling_support``): every policy TRL scores here (``pi_theta`` in the loss,
+        (``TopKForward.logps_on_sampling_support``): every policy TRL scores here (``pi_theta`` in the loss,
         ``pi_old``, the reference) on its own truncated support, like the sampler's log-probs."""
         if not getattr(self.args, "truncated_support_scoring", False):  # also a trainer built without __init__
             return super()._get_per_token_logps_and_entropies(
@@ -751,7 +447,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             self.args.generation_kwargs,
             engine="vllm" if self.args.use_vllm else "generate",
         )
-        return self._logps_on_sampling_support(
+        return self.topk_forward.logps_on_sampling_support(
             model,
             input_ids,
             attention_mask,
@@ -774,12 +470,17 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         return generated
 
     def rollout_topk(self, output, mode: str) -> dict[str, torch.Tensor]:
-        """DPPO top-K: the sampler's top-K ids and log-probs (``TopKForwardMixin._rollout_topk``), from the behaviour
+        """DPPO top-K: the sampler's top-K ids and log-probs (``TopKForward.rollout_topk``), from the behaviour
         weights on an asynchronous batch sampled by ``generate`` (vLLM's own top-K already comes from them)."""
         if self.async_rollouts is None:
-            return self._rollout_topk(output, mode)
-        with self.async_rollouts.behaviour_weights_in(mode, engine_topk=bool(self._engine_topk)):
-            return self._rollout_topk(output, mode)
+            return self.topk_forward.rollout_topk(output, mode)
+        with self.async_rollouts.behaviour_weights_in(mode, engine_topk=bool(self.topk_forward.engine_topk)):
+            return self.topk_forward.rollout_topk(output, mode)
+
+    @property
+    def _uses_topk_divergence(self) -> bool:
+        """Whether the loss reads the rollout top-K (DPPO's ``topk_tv`` / ``topk_kl``)."""
+        return uses_topk_divergence(self.args)
 
     def tokenize_prompts(self, prompts: list) -> list[list[int]]:
         """The prompt token ids TRL generates from (TRL's ``_tokenize_prompts``)."""
@@ -975,33 +676,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         return loss
 
     def _with_loss_side_correction(self, inputs, per_token_logps, mode: str) -> dict:
-        """``inputs`` with the importance-sampling weight built from this forward's detached log-probs (``pi_old``
-        exactly, see :meth:`_importance_sampling_source`), where TRL's scoring did not build one; it is then applied
-        exactly where TRL's ratio is. TRL's ``sampling/*`` metrics (and the ESS) are accumulated over the micro-batches
-        of the generation batch and logged once, after its last: the values ``GRPOTrainer`` logs at scoring."""
-        if (
-            self._correction_source != "loss"
-            or "importance_sampling_ratio" in inputs
-            or "sampling_per_token_logps" not in inputs
-            or not (self.use_vllm or (self.async_rollouts is not None and mode == "train"))
-        ):
-            return inputs
-        old = inputs.get("old_per_token_logps")
-        old = per_token_logps.detach() if old is None else old
-        sampler, mask = inputs["sampling_per_token_logps"], loss_tokens(inputs)
-        weight = self._correction_weight(old, sampler, mask)
-        if mode == "eval":  # one generation batch is one evaluation batch
-            self._correction_stats[mode].add(old, sampler, mask, weight)
-            self._log_correction_stats(mode)
-        else:
-            # TRL's buffer: micro-batch self._step % steps_per_generation of the generation batch, trained
-            # num_iterations times; its metrics are those of its first pass
-            position = self._step % (self.args.steps_per_generation * self.num_iterations)
-            if position < self.args.steps_per_generation:
-                self._correction_stats[mode].add(old, sampler, mask, weight)
-            if position == self.args.steps_per_generation - 1:
-                self._log_correction_stats(mode)
-        return {**inputs, "importance_sampling_ratio": weight}
+        """``inputs`` with the correction's weight built in the loss where it is (``ImportanceCorrection.loss_side``)."""
+        return self.correction.loss_side(inputs, per_token_logps, mode)
 
     def _loss_weights_and_scale(self, inputs, mask, mode: str) -> tuple[torch.Tensor, float]:
         """The weights ``w_i`` of this micro-batch's rows and the factor on ``sum_i w_i sum_t l_it m_it``.
@@ -1034,11 +710,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
             old_per_token_logps = per_token_logps.detach()
         stats: dict[str, torch.Tensor] = {}
         sampler = inputs.get("sampling_per_token_logps")
-        # a loss anchored to the sampler takes its ratio against mu itself (verl's bypass mode; CISPO and DPPO on an
-        # asynchronous batch); getattr: TRL's own tests build trainers without ReasoningConfig's defaults resolved
-        denominator = old_per_token_logps
-        if sampler is not None and getattr(self.args, "ratio_anchor", None) == "sampler":
-            denominator = torch.where(torch.isnan(sampler), old_per_token_logps, sampler)
+        # a loss anchored to the sampler takes its ratio against mu itself (verl's bypass mode)
+        denominator = self.correction.ratio_denominator(old_per_token_logps, sampler)
         per_token_loss = compute_policy_loss(
             args.policy_loss,
             per_token_logps,
@@ -1051,18 +724,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         per_token_loss = self._apply_trl_token_masks(
             per_token_loss, inputs, per_token_logps, old_per_token_logps, advantages, mask, entropy_mask
         )
-        if (
-            self.async_rollouts is not None
-            and self.model.training
-            and sampler is not None
-            and not self._uses_trl_is_ratio()
-        ):
-            # the spread of pi_theta / mu, the ratio CISPO and DPPO weight by (TRL's sampling/* metrics are not made)
-            log_ratio = torch.nan_to_num(per_token_logps.detach() - sampler)
-            stats["async/sampler_ratio/mean"] = log_ratio.exp()
-            stats["async/sampler_ratio/abs_log_mean"] = log_ratio.abs()
-            # with the mean, the effective sample size of these weights: mean(w)^2 / mean(w^2)
-            stats["async/sampler_ratio/sq_mean"] = (2 * log_ratio).exp()
+        # the spread of pi_theta / mu, the ratio CISPO and DPPO weight by (TRL's sampling/* metrics are not made)
+        self.correction.sampler_ratio_stats(per_token_logps, sampler, stats)
         # beta's KL is in the reward (RLOO) or in each token's return (REINFORCE++'s estimators): not in the loss too
         if (
             self.beta == 0.0
@@ -1090,7 +753,7 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         if self._uses_topk_divergence:
-            return self._topk_forward(
+            return self.topk_forward.forward(
                 model,
                 input_ids,
                 attention_mask,
@@ -1133,12 +796,8 @@ class ReasoningTrainer(TopKForwardMixin, ReasoningModelCardMixin, GRPOTrainer):
         return per_token_loss
 
     def _uses_trl_is_ratio(self) -> bool:
-        """Whether the loss uses TRL's vLLM importance-sampling ratio: not when its own ratio is taken against the
-        rollout engine or the sampler (DPPO; ``ratio_anchor="sampler"``: the mismatch would count twice)."""
-        return not (
-            POLICY_LOSSES.trait(self.args.policy_loss, "ratio_to_rollout", False)
-            or getattr(self.args, "ratio_anchor", None) == "sampler"
-        )
+        """Whether the loss uses TRL's vLLM importance-sampling ratio (``correction.uses_trl_is_ratio``)."""
+        return uses_trl_is_ratio(self.args)
 
     # ------------------------------------------------------------------ non-finite loss guard
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

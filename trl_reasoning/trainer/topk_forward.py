@@ -1,14 +1,17 @@
 """DPPO's top-K divergence on the trainer's side: the rollout distribution's top-K stored at generation time and the
 current policy's log-probs at those ids in the loss, without a ``[B, T, vocab]`` tensor where the LM head allows.
 
-Mixed into :class:`trl_reasoning.trainer.base.ReasoningTrainer` (it reads the trainer's model, accelerator, config and
-TRL's ``vllm_generation``; it overrides no TRL method). Three paths give the rollout top-K:
+:class:`TopKForward` is a part of :class:`trl_reasoning.trainer.base.ReasoningTrainer`, composed (``trainer.
+topk_forward``): it reads the trainer only through :class:`TopKForwardHost` (the model, accelerator, config, the
+bare-model cache and TRL's ``temperature`` and ``_tokenizer``) and, when vLLM generates, :class:`TopKEngineHost`
+(TRL's ``vllm_generation``), both checked when a trainer is built; it overrides no TRL method. Three paths give the
+rollout top-K:
 
-- vLLM generates: the engine's own processed top-K log-probs (``_keep_engine_topk`` wraps TRL's public
-  ``VLLMGeneration.generate``; see ``TRL_VLLM_GENERATION`` in the trainer);
+- vLLM generates: the engine's own processed top-K log-probs (``keep_engine_topk`` wraps TRL's public
+  ``VLLMGeneration.generate``; see ``TRL_VLLM_GENERATION`` in ``trainer/trl_api.py``);
 - otherwise the training model's no-grad forward, from the final hidden states and the LM head in chunks
   (``trl_reasoning.algorithms.logprobs``), or from the logits when the hidden states do not reproduce them (a PEFT adapter on the
-  LM head, an unusual output scaling): ``_lm_head_from_hidden`` records the first failure and the logits path is kept
+  LM head, an unusual output scaling): ``lm_head_from_hidden`` records the first failure and the logits path is kept
   from then.
 
 A sharded LM head (DeepSpeed ZeRO-3 partitions, FSDP2 DTensors) is whole only inside the model's forward. There the
@@ -22,6 +25,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch.distributed.fsdp import FSDPModule
@@ -76,19 +80,56 @@ def model_inputs(batch: dict, rows: slice | None = None) -> dict:
     return {key: value for key, value in present.items() if key not in _SLICING_ONLY_KEYS}
 
 
-class TopKForwardMixin:
+def uses_topk_divergence(args: Any) -> bool:
+    """Whether the configured loss (``args.policy_loss``, ``args.dppo_divergence``) reads the rollout top-K."""
+    return "rollout_topk_logps" in required_inputs(args.policy_loss, divergence=args.dppo_divergence)
+
+
+@runtime_checkable
+class TopKForwardHost(Protocol):
+    """What :class:`TopKForward` reads from its trainer. Members from ``GRPOTrainer.__init__`` are in the TRL-API
+    guard (``trl_reasoning.trainer.trl_api.TRL_INSTANCE_ATTRIBUTES``)."""
+
+    # lent by trl-reasoning's trainer
+    def _bare_model(self, model: torch.nn.Module | None = None) -> torch.nn.Module: ...
+
+    # transformers.Trainer's
+    args: Any
+    accelerator: Any
+    model: Any
+    is_fsdp_enabled: bool
+
+    # GRPOTrainer's (TRL_INSTANCE_ATTRIBUTES)
+    temperature: float
+    _tokenizer: Any
+
+
+@runtime_checkable
+class TopKEngineHost(Protocol):
+    """:class:`TopKForward`'s members that ``GRPOTrainer`` sets only with ``use_vllm=True``
+    (``TRL_VLLM_INSTANCE_ATTRIBUTES``): the engine whose own top-K DPPO keeps."""
+
+    vllm_generation: Any
+    vllm_mode: str
+
+
+class TopKForward:
     """The rollout top-K and the loss-time top-K forward of DPPO's ``topk_tv`` / ``topk_kl`` divergences.
 
-    Mixed into ``ReasoningTrainer``; uses its ``accelerator``, ``args`` and ``_bare_model`` (the unwrapped model)."""
+    A part of ``ReasoningTrainer`` (``trainer.topk_forward``); reads it only through :class:`TopKForwardHost` (and
+    :class:`TopKEngineHost` when vLLM generates)."""
 
-    # Per-instance once assigned: the engine's top-K per generate call (None: not capturing), and whether the LM head
-    # can still be applied to the final hidden states (set False on the first failure).
-    _engine_topk: list[tuple[list, list, list]] | None = None
-    _lm_head_from_hidden: bool = True
+    def __init__(self, host: TopKForwardHost) -> None:
+        self.host = host
+        # The engine's top-K per generate call (None: not capturing; appended to by the asynchronous server
+        # generator, through the trainer's ``_engine_topk``), and whether the LM head can still be applied to the
+        # final hidden states (set False on the first failure).
+        self.engine_topk: list[tuple[list, list, list]] | None = None
+        self.lm_head_from_hidden: bool = True
 
     @property
-    def _uses_topk_divergence(self) -> bool:
-        return "rollout_topk_logps" in required_inputs(self.args.policy_loss, divergence=self.args.dppo_divergence)
+    def uses_topk_divergence(self) -> bool:
+        return uses_topk_divergence(self.host.args)
 
     def _final_hidden_states(
         self, model, input_ids, attention_mask, num_completion_tokens, compute_aux_loss, extra_inputs=None
@@ -99,7 +140,7 @@ class TopKForwardMixin:
         scaling), the model output (for the aux loss) and the last position's logits. ``extra_inputs``: the
         multimodal inputs of these rows (:func:`model_inputs`)."""
         kwargs = {"output_router_logits": True} if compute_aux_loss else {}
-        with self.accelerator.autocast():
+        with self.host.accelerator.autocast():
             out = model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -109,8 +150,8 @@ class TopKForwardMixin:
                 **(extra_inputs or {}),
             )
         hidden = out.hidden_states[-1]
-        head_module = self._bare_model(model).get_output_embeddings()
-        text_config = self._bare_model(model).config.get_text_config()
+        head_module = self.host._bare_model(model).get_output_embeddings()
+        text_config = self.host._bare_model(model).config.get_text_config()
         head = None
         weight = getattr(head_module, "weight", None)
         # Only an unsharded head is applied here; a sharded one (ZeRO-3, FSDP) runs inside the forward instead
@@ -143,7 +184,7 @@ class TopKForwardMixin:
     ):
         """Fallback: the ``[B, T, V]`` logits of the positions that predict the completion tokens (one such tensor)."""
         kwargs = {"output_router_logits": True} if compute_aux_loss else {}
-        with self.accelerator.autocast():
+        with self.host.accelerator.autocast():
             out = model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -157,7 +198,7 @@ class TopKForwardMixin:
         """The LM head module when its weight is sharded outside the forward (a ZeRO-3 partition, an FSDP unit or
         DTensor) and the model's logits are the plain ``hidden @ W^T + b`` (no logit scale or soft-capping, which models apply
         after the head); else ``None``."""
-        unwrapped = self._bare_model(model)
+        unwrapped = self.host._bare_model(model)
         module = unwrapped.get_output_embeddings()
         weight = getattr(module, "weight", None)
         if not isinstance(module, torch.nn.Linear) or weight is None:
@@ -165,7 +206,7 @@ class TopKForwardMixin:
         # ZeRO-3 parameters carry a ds_id; under FSDP the head is its own unit or part of the root's, whole only
         # between the unit's pre- and post-forward hooks (and its gradient reduced by the post-backward ones).
         sharded = hasattr(weight, "ds_id") or isinstance(weight, DTensor) or isinstance(module, FSDPModule)
-        if not (sharded or getattr(self, "is_fsdp_enabled", False)):
+        if not (sharded or getattr(self.host, "is_fsdp_enabled", False)):
             return None
         text_config = unwrapped.config.get_text_config()
         if (getattr(text_config, "logit_scale", None) or 1.0) != 1.0 or getattr(
@@ -191,7 +232,7 @@ class TopKForwardMixin:
         kwargs = {"output_router_logits": True} if compute_aux_loss else {}
         head.forward = lambda hidden: head_fn(hidden[:, :-1], head.weight, head.bias)
         try:
-            with self.accelerator.autocast():
+            with self.host.accelerator.autocast():
                 out = model(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
@@ -204,13 +245,13 @@ class TopKForwardMixin:
         return out.logits, out
 
     @property
-    def _topk_size(self) -> int:
-        vocab = self._bare_model().config.get_text_config().vocab_size
-        return min(self.args.dppo_topk, vocab)
+    def topk_size(self) -> int:
+        vocab = self.host._bare_model().config.get_text_config().vocab_size
+        return min(self.host.args.dppo_topk, vocab)
 
-    def _keep_engine_topk(self) -> None:
+    def keep_engine_topk(self) -> None:
         """Make TRL's vLLM generation return the engine's top-``dppo_topk`` processed log-probs and keep them for
-        :meth:`_rollout_topk`, while TRL still receives what it expects: the sampled tokens' log-probs only.
+        :meth:`rollout_topk`, while TRL still receives what it expects: the sampled tokens' log-probs only.
 
         TRL asks vLLM for ``logprobs=0`` (the sampled token alone) and keeps entry 0 of each position; with
         ``logprobs=K`` entry 0 would be the most likely token instead, so the wrapper hands TRL the sampled token's
@@ -218,10 +259,10 @@ class TopKForwardMixin:
         ``VLLMGeneration.generate`` of this trainer's ``vllm_generation`` (an instance attribute, see
         ``TRL_VLLM_GENERATION``); nothing else of TRL changes. Untested against a real vLLM: the tests use a stand-in
         with vLLM's output shapes."""
-        generation = self.vllm_generation
-        generation.logprobs = self._topk_size
+        generation = self.host.vllm_generation
+        generation.logprobs = self.topk_size
         generate = generation.generate
-        self._engine_topk = []
+        self.engine_topk = []
 
         @functools.wraps(generate)
         def generate_keeping_topk(*args, **kwargs):
@@ -229,9 +270,9 @@ class TopKForwardMixin:
             if logprobs is None or logprob_token_ids is None:
                 raise RuntimeError(
                     "vLLM returned no log-probs, which DPPO's top-K divergence needs (dppo_divergence="
-                    f"{self.args.dppo_divergence!r}); use 'binary_tv' or 'binary_kl', or a vLLM that returns them."
+                    f"{self.host.args.dppo_divergence!r}); use 'binary_tv' or 'binary_kl', or a vLLM that returns them."
                 )
-            self._engine_topk.append((completion_ids, logprobs, logprob_token_ids))
+            self.engine_topk.append((completion_ids, logprobs, logprob_token_ids))
             sampled = engine_sampled_logprobs(completion_ids, logprobs, logprob_token_ids)
             return (
                 prompt_ids,
@@ -241,7 +282,7 @@ class TopKForwardMixin:
             )
 
         generation.generate = generate_keeping_topk
-        if self.vllm_mode == "server" and self.accelerator.is_main_process:
+        if self.host.vllm_mode == "server" and self.host.accelerator.is_main_process:
             mode = generation.vllm_client.get_server_info()["model_config"]["logprobs_mode"]
             if mode != "processed_logprobs":
                 warnings.warn(
@@ -252,45 +293,49 @@ class TopKForwardMixin:
 
     def _engine_rollout_topk(self, output) -> dict[str, torch.Tensor]:
         """The top-K vLLM reported for the completions of this round, padded like ``output["completion_ids"]``."""
-        captured, self._engine_topk = self._engine_topk, []
+        captured, self.engine_topk = self.engine_topk, []
         completion_ids = [seq for call in captured for seq in call[0]]
         ids, logps = rollout_topk_from_engine(
             completion_ids,
             [seq for call in captured for seq in call[1]],
             [seq for call in captured for seq in call[2]],
-            k=self._topk_size,
+            k=self.topk_size,
             length=output["completion_ids"].size(1),
-            pad_token_id=self._tokenizer.pad_token_id,
+            pad_token_id=self.host._tokenizer.pad_token_id,
         )
         trained_ids, mask = output["completion_ids"], output["completion_mask"].bool()
-        generated_ids = torch.full_like(trained_ids, self._tokenizer.pad_token_id)
+        generated_ids = torch.full_like(trained_ids, self.host._tokenizer.pad_token_id)
         for row, seq in enumerate(completion_ids[: trained_ids.shape[0]]):
             generated_ids[row, : len(seq)] = torch.as_tensor(seq[: trained_ids.shape[1]])
         if len(completion_ids) != trained_ids.shape[0] or not torch.equal(generated_ids[mask], trained_ids[mask]):
             raise RuntimeError(
                 "The completions TRL trained on are not the ones vLLM generated (tool calls or an environment "
-                f"rewrote them); dppo_divergence={self.args.dppo_divergence!r} needs the engine's log-probs at every "
+                f"rewrote them); dppo_divergence={self.host.args.dppo_divergence!r} needs the engine's log-probs at every "
                 "completion token. Use 'binary_tv' or 'binary_kl' here."
             )
         device = trained_ids.device
         return {"rollout_topk_ids": ids.to(device), "rollout_topk_logps": logps.to(device)}
 
     @torch.no_grad()
-    def _rollout_topk(self, output, mode: str) -> dict[str, torch.Tensor]:
+    def rollout_topk(self, output, mode: str) -> dict[str, torch.Tensor]:
         """The rollout policy's top-``dppo_topk`` token ids and log-probs at every completion position, sampled token
         swapped in (``[B, T, K]``).
 
         With vLLM these are vLLM's own processed log-probs, the distribution that sampled (see
-        :meth:`_keep_engine_topk`); otherwise the training model's own no-grad forward on the generation batch."""
-        if self._engine_topk:  # empty when a custom rollout_func generated instead of vllm_generation.generate
+        :meth:`keep_engine_topk`); otherwise the training model's own no-grad forward on the generation batch."""
+        if self.engine_topk:  # empty when a custom rollout_func generated instead of vllm_generation.generate
             return self._engine_rollout_topk(output)
         completion_ids = output["completion_ids"]
         input_ids = torch.cat([output["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        batch_size = (
+            self.host.args.per_device_train_batch_size
+            if mode == "train"
+            else self.host.args.per_device_eval_batch_size
+        )
         ids, logps = [], []
-        sharded_head = self._sharded_lm_head(self.model) if self._lm_head_from_hidden else None
-        with activation_checkpointing_disabled(self.model, self.args.gradient_checkpointing_kwargs):
+        sharded_head = self._sharded_lm_head(self.host.model) if self.lm_head_from_hidden else None
+        with activation_checkpointing_disabled(self.host.model, self.host.args.gradient_checkpointing_kwargs):
             for start in range(0, input_ids.size(0), batch_size):
                 rows = slice(start, start + batch_size)
                 chunk = self._rollout_topk_rows(
@@ -315,8 +360,8 @@ class TopKForwardMixin:
                     hidden,
                     weight,
                     completion_ids,
-                    k=self.args.dppo_topk,
-                    temperature=self.temperature,
+                    k=self.host.args.dppo_topk,
+                    temperature=self.host.temperature,
                     lm_head_bias=bias,
                     logit_scale=scale,
                     final_logit_softcapping=softcap,
@@ -327,22 +372,22 @@ class TopKForwardMixin:
         length = completion_ids.size(1)
         if sharded_head is not None:
             self._head_inside_forward(
-                self.model, sharded_head, topk_from_hidden, input_ids, attention_mask, length, False, extra_inputs
+                self.host.model, sharded_head, topk_from_hidden, input_ids, attention_mask, length, False, extra_inputs
             )
             return found[0]
         head = None
-        if self._lm_head_from_hidden:
+        if self.lm_head_from_hidden:
             hidden, head, _ = self._final_hidden_states(
-                self.model, input_ids, attention_mask, length, False, extra_inputs
+                self.host.model, input_ids, attention_mask, length, False, extra_inputs
             )
-            self._lm_head_from_hidden = head is not None
+            self.lm_head_from_hidden = head is not None
         if head is not None:
             topk_from_hidden(hidden, *head)
             return found[0]
-        logits, _ = self._completion_logits(self.model, input_ids, attention_mask, length, False, extra_inputs)
-        return rollout_topk(logits, completion_ids, k=self.args.dppo_topk, temperature=self.temperature)
+        logits, _ = self._completion_logits(self.host.model, input_ids, attention_mask, length, False, extra_inputs)
+        return rollout_topk(logits, completion_ids, k=self.host.args.dppo_topk, temperature=self.host.temperature)
 
-    def _topk_forward(
+    def forward(
         self,
         model,
         input_ids,
@@ -359,9 +404,9 @@ class TopKForwardMixin:
         the rows' multimodal inputs (:func:`model_inputs`). ``truncation``: scored on the sampler's truncated support
         (``trl_reasoning.algorithms.truncation``; not with ``topk_ids``)."""
         head = None
-        sharded_head = self._sharded_lm_head(model) if self._lm_head_from_hidden else None
+        sharded_head = self._sharded_lm_head(model) if self.lm_head_from_hidden else None
         if sharded_head is not None:
-            return self._topk_forward_sharded_head(
+            return self._forward_sharded_head(
                 model,
                 sharded_head,
                 input_ids,
@@ -372,11 +417,11 @@ class TopKForwardMixin:
                 extra_inputs,
                 truncation,
             )
-        if self._lm_head_from_hidden:
+        if self.lm_head_from_hidden:
             hidden, head, out = self._final_hidden_states(
                 model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss, extra_inputs
             )
-            self._lm_head_from_hidden = head is not None
+            self.lm_head_from_hidden = head is not None
         if head is not None:
             weight, bias, scale, softcap = head
             logps, entropies, topk_logps = chunked_logps_from_hidden(
@@ -384,7 +429,7 @@ class TopKForwardMixin:
                 weight,
                 completion_ids,
                 topk_ids,
-                temperature=self.temperature,
+                temperature=self.host.temperature,
                 lm_head_bias=bias,
                 logit_scale=scale,
                 final_logit_softcapping=softcap,
@@ -395,12 +440,12 @@ class TopKForwardMixin:
                 model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss, extra_inputs
             )
             logps, entropies, topk_logps = chunked_logps(
-                logits, completion_ids, topk_ids, temperature=self.temperature, truncation=truncation
+                logits, completion_ids, topk_ids, temperature=self.host.temperature, truncation=truncation
             )
         aux_loss = out.aux_loss if compute_aux_loss else None
         return logps, entropies, topk_logps, aux_loss
 
-    def _topk_forward_sharded_head(
+    def _forward_sharded_head(
         self,
         model,
         sharded_head,
@@ -412,7 +457,7 @@ class TopKForwardMixin:
         extra_inputs,
         truncation: SamplingTruncation | None,
     ):
-        """:meth:`_topk_forward` when the LM head is sharded (FSDP2, ZeRO-3): the chunked log-probs run inside the
+        """:meth:`forward` when the LM head is sharded (FSDP2, ZeRO-3): the chunked log-probs run inside the
         model's forward, on the gathered head, and come back packed as one tensor."""
 
         def packed_logps(hidden, weight, bias):
@@ -421,7 +466,7 @@ class TopKForwardMixin:
                 weight,
                 completion_ids,
                 topk_ids,
-                temperature=self.temperature,
+                temperature=self.host.temperature,
                 lm_head_bias=bias,
                 truncation=truncation,
             )
@@ -443,7 +488,7 @@ class TopKForwardMixin:
         topk_logps = packed[..., 2:] if topk_ids is not None else None
         return packed[..., 0], packed[..., 1].detach(), topk_logps, aux_loss
 
-    def _logps_on_sampling_support(
+    def logps_on_sampling_support(
         self,
         model,
         input_ids,
@@ -476,7 +521,7 @@ class TopKForwardMixin:
         logps, entropies, aux_losses = [], [], []
         for start in range(0, input_ids.size(0), batch_size):
             rows = slice(start, start + batch_size)
-            chunk_logps, chunk_entropies, _, aux_loss = self._topk_forward(
+            chunk_logps, chunk_entropies, _, aux_loss = self.forward(
                 model,
                 input_ids[rows],
                 attention_mask[rows],
