@@ -1,6 +1,6 @@
 """The two-process launcher of the sharded tests and benches (``bench/`` imports it from here, through
-``bench/_common.py``): ``run_torchrun`` starts a script under ``torchrun`` with two gloo processes on a free local port,
-offline and one thread per process."""
+``bench/_common.py``): ``run_torchrun`` starts a script under ``torchrun`` with two gloo processes on a free local
+port, offline and one thread per process."""
 
 from __future__ import annotations
 

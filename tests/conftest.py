@@ -65,9 +65,9 @@ def cpu_args(**overrides) -> dict:
 
 
 def run_torchrun(worker: Path, *arguments: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run ``worker arguments...`` under ``torchrun`` with two gloo processes (``tests/_launch.run_torchrun``: a free
-    local port, offline, one thread per process); fails the test with both outputs' tails when it exits non-zero.
-    ``tests/`` is on the workers' path (they import ``conftest``)."""
+    """Run ``worker arguments...`` under ``torchrun`` with two gloo processes (``run_torchrun`` of
+    ``tests/_launch.py``: a free local port, offline, one thread per process); fails the test with both outputs' tails
+    when it exits non-zero. ``tests/`` is on the workers' path (they import ``conftest``)."""
     pythonpath = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
     result = launch_two_processes(str(worker), list(arguments), env={"PYTHONPATH": pythonpath}, timeout=timeout)
     assert result.returncode == 0, (

@@ -1,5 +1,5 @@
-"""``tests/_launch.run_torchrun``, the two-process launcher of the sharded tests and benches: a rank that dies by a
-signal (a native crash) gets one more launch; a Python exception in a rank fails at once."""
+"""``run_torchrun`` (``tests/_launch.py``), the two-process launcher of the sharded tests and benches: a rank that
+dies by a signal (a native crash) gets one more launch; a Python exception in a rank fails at once."""
 
 from __future__ import annotations
 

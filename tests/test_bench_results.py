@@ -17,7 +17,7 @@ SECTION = """# Benchmark results
 
 ## Speed
 
-`python bench/speed.py --steps 4 --seeds 0 1` — 2026-01-01 00:00 UTC — a machine
+`python bench/overhead.py --steps 4 --seeds 0 1` — 2026-01-01 00:00 UTC — a machine
 
 | arm | s/step |
 |---|---:|
@@ -37,21 +37,21 @@ def test_record_keeps_the_notes_and_under_summarize_the_command_that_made_the_ru
     path = tmp_path / "RESULTS.md"
     path.write_text(SECTION.format(marker=_results.NOTES_MARKER))
     monkeypatch.setattr(_results, "machine", lambda: "this machine")
-    monkeypatch.setattr(sys, "argv", ["bench/speed.py", "--summarize"])
+    monkeypatch.setattr(sys, "argv", ["bench/overhead.py", "--summarize"])
     _results.record("Speed", "| arm | s/step |\n|---|---:|\n| a | 0.50 |", path=path)
     text = path.read_text()
     assert "| a | 0.50 |" in text and "| a | 1.00 |" not in text
     assert "A reading of the table, written by hand." in text and text.count(_results.NOTES_MARKER) == 1
-    assert "`python bench/speed.py --steps 4 --seeds 0 1` — table rebuilt" in text
+    assert "`python bench/overhead.py --steps 4 --seeds 0 1` — table rebuilt" in text
     assert text.index("| a | 0.50 |") < text.index(_results.NOTES_MARKER) < text.index("## Next")
     assert text.rstrip().endswith("kept as it was")
 
     # A run that collects (no --summarize) records its own command; a section without the marker has no notes.
     path.write_text(SECTION.format(marker=""))
-    monkeypatch.setattr(sys, "argv", ["bench/speed.py", "--steps", "8"])
+    monkeypatch.setattr(sys, "argv", ["bench/overhead.py", "--steps", "8"])
     _results.record("Speed", "| arm | s/step |\n|---|---:|\n| a | 0.25 |", path=path)
     text = path.read_text()
-    assert "`python bench/speed.py --steps 8` — 20" in text
+    assert "`python bench/overhead.py --steps 8` — 20" in text
     assert "written by hand" not in text and "kept as it was" in text
 
 

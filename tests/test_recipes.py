@@ -145,8 +145,8 @@ def test_recipes_readme_has_the_launch_commands():
 
 
 def test_every_recipe_file_the_recipes_name_exists():
-    """A recipe's header or recipes/README.md naming a recipe that is not shipped (as demo.yaml named a
-    recipes/demo-smollm2.yaml) sends readers nowhere."""
+    """A recipe's header or recipes/README.md naming a recipe that is not shipped (as demo.yaml once named a
+    recipe that was never shipped) sends readers nowhere."""
     texts = {path: path.read_text() for path in [*RECIPES.glob("**/*.yaml"), RECIPES / "README.md"]}
     named = {(path, ref) for path, text in texts.items() for ref in re.findall(r"recipes/[\w./-]+\.yaml", text)}
     assert {ref for _, ref in named} >= {"recipes/demo.yaml", "recipes/arithmetic/smollm2-135m-cpu.yaml"}

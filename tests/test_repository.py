@@ -88,7 +88,7 @@ def test_the_built_wheel_has_the_package_its_types_and_trls_constraints(tmp_path
     assert "trl-reasoning = trl_reasoning.demo.quiet:console_main" in entry_points
 
 
-# A path ending in .md (``docs/algorithms.md``, ``recipes/README.md``, ``shared/ALGORITHMS.md``), not part of a longer
+# A path ending in .md (``docs/algorithms.md``, ``recipes/README.md``, ``bench/RESULTS.md``), not part of a longer
 # word or path on either side.
 _MD_PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w.-]+\.md)(?![\w-])")
 # A pointer into docs/algorithms.md and the section it names: an anchor (``docs/algorithms.md#loss-aggregation``)
@@ -203,3 +203,71 @@ def test_the_suite_imports_nothing_from_bench():
             if code.startswith("sys.path") and "bench" in code.lower() and id(node) not in allowed:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {code}")
     assert not found
+
+
+#: The repository's top-level folders: a path that starts with one of them (``bench/overhead.py``, ``docs/testing.md``,
+#: ``trl_reasoning/cli/``) is a path into this repository.
+_TOP_FOLDERS = ("trl_reasoning", "tests", "bench", "scripts", "recipes", "docs", "examples")
+_REPOSITORY_PATH = re.compile(rf"(?<![\w./-])((?:{'|'.join(_TOP_FOLDERS)})/[\w./-]*\w)")
+#: Paths of that shape that name something else, each with what it is: another project's file, or the wheel's layout.
+#: A file outside the repository (a path up from it, or in a "shared" folder beside it): the project cites its own docs.
+_OUTSIDE = re.compile(r"(?<![\w./-])((?:\.\./)+[\w.-]+/[\w./-]*\w|shared/[\w./-]*\w)")
+_NOT_THIS_REPOSITORY = {
+    "examples/dppo_trainer/run_qwen30b_dppo.sh": "sail-sg/Stable-RL's launch script (DPPO's authors)",
+    "examples/scripts": "OpenRLHF's examples folder",
+    "tests/test_grpo_trainer.py": "TRL's test file",
+    "trl_reasoning/recipes": "where the wheel installs recipes/",
+}
+
+
+def _docstrings_and_comments(path: Path) -> list[tuple[int, str]]:
+    """``(line, text)`` of every comment and docstring of a Python file, or of every comment of a YAML or shell file."""
+    import ast
+    import io
+    import tokenize
+
+    text = path.read_text()
+    if path.suffix != ".py":
+        return [(n, line.partition("#")[2]) for n, line in enumerate(text.splitlines(), 1) if "#" in line]
+    found = [
+        (t.start[0], t.string)
+        for t in tokenize.generate_tokens(io.StringIO(text).readline)
+        if t.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                found.append((first.lineno, first.value.value))
+    return found
+
+
+def _exists(cited: str) -> bool:
+    """Whether the repository has ``cited``, read as a path or as ``module.attribute`` (``tests/_launch.run_torchrun``)."""
+    module, _, attribute = cited.rpartition(".")
+    return (ROOT / cited).exists() or bool(module and attribute.isidentifier() and (ROOT / f"{module}.py").is_file())
+
+
+def test_every_repository_path_a_docstring_or_comment_names_exists():
+    """A docstring or comment in trl_reasoning/, tests/, bench/, scripts/ or recipes/ that names a file of this
+    repository (a script, a test, a page of docs/) sends the reader to something that is there."""
+    cited: dict[str, list[str]] = {}
+    for folder in ("trl_reasoning", "tests", "bench", "scripts", "recipes"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix not in (".py", ".yaml", ".yml", ".sh") or "__pycache__" in path.parts:
+                continue
+            for line, text in _docstrings_and_comments(path):
+                for name in _REPOSITORY_PATH.findall(text) + _OUTSIDE.findall(text):
+                    cited.setdefault(name, []).append(f"{path.relative_to(ROOT).as_posix()}:{line}")
+    assert len(cited) > 50 and "docs/algorithms.md" in cited  # the walk finds the citations, so the check can fail
+    missing = {
+        name: where
+        for name, where in cited.items()
+        if _OUTSIDE.fullmatch(name) or (not _exists(name) and name not in _NOT_THIS_REPOSITORY)
+    }
+    assert not missing, f"paths named in docstrings or comments that the repository does not have: {missing}"
+    assert set(_NOT_THIS_REPOSITORY) <= set(cited), "an exception no longer cited: drop it from _NOT_THIS_REPOSITORY"

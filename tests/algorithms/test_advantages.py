@@ -1,4 +1,4 @@
-"""Advantage estimators (trl_reasoning/algorithms/advantages.py) against shared/ALGORITHMS.md ("Advantage estimators").
+"""Advantage estimators (trl_reasoning/algorithms/advantages.py) against docs/algorithms.md ("Advantage estimators").
 
 Hand-computed small cases first, then an independent float64 reference written with plain Python loops.
 """
@@ -180,7 +180,7 @@ def test_scalerl_scales_by_the_std_of_the_centred_advantages():
 
 
 def test_scalerl_on_pm1_rewards_is_larger_than_batch():
-    # ALGORITHMS.md: on +-1 rewards the raw-reward std also counts the spread between prompts.
+    # docs/algorithms.md: on +-1 rewards the raw-reward std also counts the spread between prompts.
     rewards, num_generations = random_rewards(4, binary=True)
     rewards = torch.nan_to_num(rewards, nan=0.0) * 2 - 1
     scalerl = compute_advantages(rewards, num_generations, "scalerl")
@@ -251,7 +251,7 @@ def test_nan_std_over_all_elements_is_a_scalar_like_torch_std():
 
 
 def reference_advantages(rewards, num_generations, estimator, threshold=None):
-    """ALGORITHMS.md's table, one completion at a time; NaN = unscorable -> left out of the statistics, A = 0."""
+    """docs/algorithms.md's table, one completion at a time; NaN = unscorable -> left out of the statistics, A = 0."""
     if threshold is not None:
         rewards = [r if math.isnan(r) else float(r >= threshold) for r in rewards]
     scored_all = [r for r in rewards if not math.isnan(r)]

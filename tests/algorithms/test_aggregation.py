@@ -1,4 +1,4 @@
-"""Loss aggregation (trl_reasoning/algorithms/aggregation.py) against shared/ALGORITHMS.md ("Loss aggregation").
+"""Loss aggregation (trl_reasoning/algorithms/aggregation.py) against docs/algorithms.md ("Loss aggregation").
 
 Every mode is ``L = sum_{i,t} w_i l_it m_it`` with per-completion weights fixed on the whole batch.
 """
@@ -149,7 +149,7 @@ def test_aggregate_loss_needs_mode_or_weights():
 
 
 def reference_weights(counts, mode, num_generations, max_completion_length):
-    """ALGORITHMS.md's ``w_i`` with plain Python; a completion (or group) without tokens gets 0 where w_i ~ 1/|y|."""
+    """docs/algorithms.md's ``w_i`` with plain Python; a completion (or group) without tokens gets 0 where w_i ~ 1/|y|."""
     n = len(counts)
     num_prompts = n // num_generations
     out = []

@@ -1,4 +1,4 @@
-"""DPPO's top-K divergence (trl_reasoning/algorithms/logprobs.py, losses.topk_divergence) against shared/ALGORITHMS.md.
+"""DPPO's top-K divergence (trl_reasoning/algorithms/logprobs.py, losses.topk_divergence) against docs/algorithms.md ("DPPO's divergence mask").
 
 Hand-computed small cases, then an independent float64 reference (plain Python over full distributions), the chunked
 log-prob functions against the unchunked formula (values and gradients), and a check that no op in the chunked paths

@@ -1,4 +1,4 @@
-"""Per-token policy objectives (trl_reasoning/algorithms/losses.py) against shared/ALGORITHMS.md ("Per-token policy objectives").
+"""Per-token policy objectives (trl_reasoning/algorithms/losses.py) against docs/algorithms.md ("Per-token policy objectives").
 
 Hand-computed small cases first, then an independent float64 reference (plain loops over 0-dim tensors), compared on
 values and on gradients w.r.t. ``logps`` of the weighted sum ``sum_i w_i sum_t l_it m_it``.
@@ -372,7 +372,7 @@ def random_batch(seed):
 
 
 def reference_per_token_loss(name, logps, old_logps, advantages, mask, **kw):
-    """ALGORITHMS.md's formulas token by token. ``logps`` may require grad; stop-gradient terms are Python floats."""
+    """docs/algorithms.md's formulas token by token. ``logps`` may require grad; stop-gradient terms are Python floats."""
     n, t = logps.shape
     old, adv, m = old_logps.tolist(), advantages.tolist(), mask.tolist()
     rows = []

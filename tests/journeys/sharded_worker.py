@@ -5,10 +5,10 @@ really partitioned) or ``fsdp2``.
 
 Usage: ``torchrun --nproc_per_node 2 tests/journeys/sharded_worker.py STRATEGIES MODEL_PATH OUT_DIR`` with
 STRATEGIES comma-separated (``ddp,zero2,zero3,fsdp2``): one launch runs them in turn, resetting accelerate's and
-transformers' process-wide state between them (``tests/_sharding.reset_strategy_state``), which saves a process start
-(~10 s of imports on two processes) per strategy. Rank 0 writes ``OUT_DIR/<strategy>/<preset>.pt``: the full
-parameters at the end, the losses and rewards by step, what the
-accelerator ran as, and whether DPPO's top-K kept the LM-head path (no ``[B, T, vocab]`` logits).
+transformers' process-wide state between them (``reset_strategy_state`` of ``tests/_sharding.py``), which saves a
+process start (~10 s of imports on two processes) per strategy. Rank 0 writes ``OUT_DIR/<strategy>/<preset>.pt``: the
+full parameters at the end, the losses and rewards by step, what the accelerator ran as, and whether DPPO's top-K kept
+the LM-head path (no ``[B, T, vocab]`` logits).
 
 The strategies' config arguments come from ``tests/_sharding.py`` (FSDP2 is forced onto the CPU there: accelerate
 keeps DDP on CPUs without a word, which trl-reasoning's trainer reports).

@@ -10,7 +10,7 @@ from trl import GRPOConfig
 import trl_reasoning as tr
 from trl_reasoning.presets.provenance import preset_default, preset_sources
 
-# (config class) -> {field: (default, where it comes from)}: ALGORITHMS.md v2 ("The trainers"), the papers and the
+# (config class) -> {field: (default, where it comes from)}: docs/algorithms.md ("Presets"), the papers and the
 # authors' code. The source column is checked too: the preset's recorded source must cite the same place.
 PRESET_DEFAULTS = {
     tr.DAPOConfig: {

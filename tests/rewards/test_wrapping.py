@@ -1,6 +1,6 @@
 """Reward shaping and reward-function wrapping (trl_reasoning/rewards/wrapping.py).
 
-Overlong shaping follows shared/ALGORITHMS.md ("Reward shaping and sampling", DAPO Eq. 13).
+Overlong shaping follows docs/algorithms.md ("Reward shaping", DAPO Eq. 13).
 """
 
 from __future__ import annotations

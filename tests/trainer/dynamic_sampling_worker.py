@@ -1,6 +1,6 @@
 """Two-process dynamic sampling (run under torchrun): the reward keeps different numbers of groups on each rank.
 
-Usage: ``torchrun --nproc_per_node 2 tests/dynamic_sampling_worker.py MODEL_PATH OUT_DIR``. Each rank writes
+Usage: ``torchrun --nproc_per_node 2 tests/trainer/dynamic_sampling_worker.py MODEL_PATH OUT_DIR``. Each rank writes
 ``rank{r}.json`` with the decisions it took (rounds, chosen groups, active flags), its rows and a checksum of the
 parameters after training.
 """

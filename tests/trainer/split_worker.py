@@ -2,7 +2,7 @@
 
 Completions come from a deterministic ``rollout_func`` (a function of the prompt and of the completion's index in
 its group), so every way of splitting the batch sees exactly the same global batch. Usage under torchrun:
-``torchrun --nproc_per_node 2 tests/split_worker.py MODEL_PATH OUT_FILE PER_DEVICE GA``.
+``torchrun --nproc_per_node 2 tests/trainer/split_worker.py MODEL_PATH OUT_FILE PER_DEVICE GA``.
 """
 
 from __future__ import annotations

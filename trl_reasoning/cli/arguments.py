@@ -1,5 +1,6 @@
 """The arguments of the ``trl-reasoning`` commands: the algorithm subcommands (``TRAINERS``), the reward functions by
-name, the dataclasses each subcommand parses and ``parse``, which reads a ``--config`` recipe and the flags into them."""
+name, the dataclasses each subcommand parses and ``parse``, which reads a ``--config`` recipe and the flags into
+them."""
 
 from __future__ import annotations
 
