@@ -58,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "DynamicSamplingWarning": "trainer.rollout",
 }
 
+
 def _public_names() -> list[str]:
     """``__all__``: the names above, then every preset's config and trainer, ``PRESETS``, ``Preset`` and ``preset``
     from ``trl_reasoning.presets`` (whose ``__all__`` a test keeps equal to ``PRESETS``: a new preset needs no line
