@@ -14,6 +14,7 @@ from transformers import HfArgumentParser
 from trl import GRPOConfig
 
 import trl_reasoning as tr
+from trl_reasoning.algorithms.async_generators import ASYNC_GENERATORS
 from trl_reasoning.algorithms.losses import DPPO_DEFAULT_THRESHOLDS, POLICY_LOSSES
 from trl_reasoning.algorithms.registry import VariantField
 from trl_reasoning.config import (
@@ -76,6 +77,7 @@ ONE_OF_FIELDS = {
     "loss_type": tuple(_TRL_LOSS_TYPES),
     "scale_rewards": tuple(_SCALE_REWARDS_TO_ESTIMATOR),
     "dppo_divergence": tuple(DPPO_DEFAULT_THRESHOLDS),
+    "async_generator": ASYNC_GENERATORS.names(),
 }
 
 

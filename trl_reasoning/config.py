@@ -22,6 +22,12 @@ from trl import GRPOConfig
 from .algorithms.advantages import ADVANTAGE_ESTIMATORS
 from .algorithms.aggregation import AGGREGATIONS
 from .algorithms.anchors import resolve_anchor
+from .algorithms.async_generators import (
+    ASYNC_GENERATORS,
+    check_generator_config,
+    generator_descriptions,
+    known_generator,
+)
 from .algorithms.group_selection import GROUP_SELECTIONS, resolve_group_selection
 from .algorithms.importance_sampling import ICEPOP_BAND, ICEPOP_MODE
 from .algorithms.importance_sampling import check_mode as check_importance_sampling_mode
@@ -408,9 +414,8 @@ class ReasoningConfig(GRPOConfig):
     async_generator: str = field(
         default="inline",
         metadata={
-            "help": "Asynchronous rollouts: 'inline' (in the training process), 'process' (a worker process that "
-            "samples the next max_staleness batches while the trainer trains) or 'server' (TRL's vLLM server, sent "
-            "the next batches ahead)."
+            "help": f"Asynchronous rollouts: where batches are sampled, {one_of_text(ASYNC_GENERATORS.names())}. "
+            f"{generator_descriptions()}"
         },
     )
     async_timeout: float = field(
@@ -806,8 +811,7 @@ class ReasoningConfig(GRPOConfig):
         """Asynchronous rollouts and the importance-sampling correction."""
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}.")
-        if self.async_generator not in ("inline", "process", "server"):
-            raise ValueError(f"async_generator must be 'inline', 'process' or 'server', got {self.async_generator!r}.")
+        known_generator(self.async_generator)  # the declared generators (algorithms/async_generators.py)
         check_importance_sampling_mode(self.vllm_importance_sampling_mode)
         if (
             self.vllm_importance_sampling_mode == "sequence_geo_truncate"  # TRL checks its own truncating modes
@@ -830,21 +834,7 @@ class ReasoningConfig(GRPOConfig):
                 )
         if not self.async_timeout > 0:
             raise ValueError(f"async_timeout must be > 0 seconds, got {self.async_timeout}.")
-        if self.async_generator != "inline" and self.async_rollouts is not False and self.max_staleness < 1:
-            raise ValueError(
-                f"async_generator={self.async_generator!r} samples ahead of the trainer, which max_staleness=0 "
-                "forbids: set max_staleness >= 1, or async_generator='inline'."
-            )
-        if (
-            self.async_generator == "server"
-            and self.async_rollouts is not False
-            and (not self.use_vllm or self.vllm_mode != "server")
-        ):
-            raise ValueError(
-                "async_generator='server' sends the batches ahead to TRL's vLLM server: set use_vllm=True and "
-                f"vllm_mode='server' (got use_vllm={self.use_vllm}, vllm_mode={self.vllm_mode!r}), or use "
-                "async_generator='process' (HF generate in a worker process)."
-            )
+        check_generator_config(self)  # the checks the chosen generator declares
 
     def _resolve_icepop_band(self) -> None:
         """``token_icepop`` runs IcePop's band ``[0.5, 5]`` unless a bound was given: a bound left at TRL's default

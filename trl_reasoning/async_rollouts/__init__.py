@@ -4,8 +4,12 @@ Imports the algorithms and utilities, never the trainer: what it needs from the 
 weights travel to it are named in ``protocols`` (``AsyncRolloutHost``, ``Generator``, ``WeightTransport``).
 
 ``trl_reasoning.async_rollouts`` was one module in 0.1; its names are still importable from here.
+
+The generators are registered by name (``generators.GENERATORS``) when their modules are imported, which happens here,
+on the package's import: a new generator module is added to the line below.
 """
 
+from . import inline_generator, process_generator, server_generator  # noqa: F401  (each registers its generator)
 from .pipeline import (
     ASYNC_STATE_FORMAT,
     BEHAVIOUR_WEIGHTS_FILE,

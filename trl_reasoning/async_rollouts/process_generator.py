@@ -33,13 +33,23 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .protocols import GenerationJob, GeneratorResult, VersionedWeights, VersionGate
+from .generators import (
+    A_ROLLOUT_FUNC,
+    MORE_OR_LESS_THAN_ONE_GENERATION,
+    AheadRun,
+    GeneratorBackend,
+    register_generator,
+)
+from .protocols import AsyncRolloutHost, GenerationJob, GeneratorResult, VersionedWeights, VersionGate
 from .sampler_logps import completion_logps, sampled_logps_recorded
+
+if TYPE_CHECKING:
+    from .pipeline import AsyncRollouts
 
 
 @dataclasses.dataclass
@@ -65,6 +75,19 @@ class SamplingSettings:
     batch_size: int
     threads: int = 1
     device: str = "cpu"  # where the worker's copy of the model samples (the trainer's device)
+
+
+def sampling_settings(host: AsyncRolloutHost) -> SamplingSettings:
+    """How the trainer ``host`` samples, for a generator outside TRL's ``_generate``."""
+    return SamplingSettings(
+        generation_config=host.generation_config,
+        pad_token_id=host._tokenizer.pad_token_id,
+        eos_token_ids=list(host.eos_token_ids),
+        temperature=host.temperature,
+        pad_to_multiple_of=host.pad_to_multiple_of,
+        batch_size=host.args.per_device_train_batch_size,
+        device=str(host.accelerator.device),
+    )
 
 
 #: Seconds a new worker may take to import torch and build its model (at least; ``async_timeout`` if longer).
@@ -491,3 +514,47 @@ class GeneratorProcess:
     @property
     def alive(self) -> bool:
         return self._process is not None and self._process.is_alive()
+
+
+def generator_log(output_dir: str | None, process_index: int) -> str | None:
+    """The worker's own output (warnings, a crash below Python) goes to a file of the output dir, one per process of
+    the run; its Python errors reach the trainer as errors."""
+    if not output_dir:
+        return None
+    with contextlib.suppress(OSError):
+        os.makedirs(output_dir, exist_ok=True)
+    return os.path.join(output_dir, f"generator_process_rank{process_index}.log")
+
+
+@register_generator("process")
+class ProcessGenerator(GeneratorBackend):
+    """A :class:`GeneratorProcess` with its own copy of the model samples the next ``k`` batches with HF ``generate``
+    while the trainer trains."""
+
+    @staticmethod
+    def start(rollouts: AsyncRollouts) -> Callable[[], GeneratorProcess]:
+        host, args = rollouts.host, rollouts.host.args
+        settings = sampling_settings(host)
+
+        def start_generator() -> GeneratorProcess:
+            log_path = generator_log(args.output_dir, host.accelerator.process_index)
+            return GeneratorProcess(host.model, settings, args.async_timeout, log_path=log_path)
+
+        return start_generator
+
+    @staticmethod
+    def unsupported(run: AheadRun) -> list[str]:
+        problems = (
+            (run.uses_vllm, "use_vllm=True (vLLM is its own engine: use async_generator='server' or 'inline')"),
+            (run.tools, "tools or environments"),
+            (run.vision_language, "a vision-language model"),
+            (not run.one_generation_per_step, MORE_OR_LESS_THAN_ONE_GENERATION),
+            (run.quantized, "a bitsandbytes-quantized model"),
+            (run.rollout_func, A_ROLLOUT_FUNC),
+            (
+                run.continuous_batching,
+                "use_transformers_continuous_batching=True (or use_transformers_paged; the worker samples with HF "
+                "generate: set it False, or use async_generator='inline')",
+            ),
+        )
+        return [what for bad, what in problems if bad]

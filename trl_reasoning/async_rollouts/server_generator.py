@@ -37,13 +37,23 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerate.utils import broadcast_object_list, gather_object
 
 from ..algorithms.logprobs import engine_sampled_logprobs
+from .generators import (
+    A_ROLLOUT_FUNC,
+    MORE_OR_LESS_THAN_ONE_GENERATION,
+    AheadRun,
+    GeneratorBackend,
+    register_generator,
+)
 from .process_generator import GeneratorError
 from .protocols import GenerationJob, GeneratorResult, VersionedWeights, VersionGate
+
+if TYPE_CHECKING:
+    from .pipeline import AsyncRollouts
 
 #: ``VLLMGeneration`` attributes that give the sampling parameters of a request, read as its ``generate`` reads them.
 SAMPLING_ATTRIBUTES = (
@@ -354,3 +364,49 @@ class ServerGenerator:
                 self._in_flight.discard(step)
                 self._ledger.sent.pop((id(self), step), None)
                 self._changed.notify_all()
+
+
+def push_behaviour_weights(rollouts: AsyncRollouts, weights: VersionedWeights) -> None:
+    """``async_generator="server"`` (called by its transport when the version changes): TRL's weight sync with
+    ``weights`` in the model (``ModelSwap``: the model's own weights are pushed as they are); TRL's own paths sync the
+    current weights again before they next sample (evaluation)."""
+    host = rollouts.host
+    with rollouts.model_swap.holding(weights):
+        host.vllm_generation.sync_weights()
+    host._last_loaded_step = -1
+
+
+@register_generator("server")
+class VLLMServerGenerator(GeneratorBackend):
+    """A :class:`ServerGenerator`: TRL's vLLM server, pushed each batch's behaviour weights and sent its prompts ahead
+    of the trainer."""
+
+    @staticmethod
+    def start(rollouts: AsyncRollouts) -> Callable[[], ServerGenerator]:
+        host, args = rollouts.host, rollouts.host.args
+
+        def start_generator() -> ServerGenerator:
+            return ServerGenerator(
+                vllm_generation=host.vllm_generation,
+                accelerator=host.accelerator,
+                push_weights=lambda weights: push_behaviour_weights(rollouts, weights),
+                num_generations=host.num_generations,
+                timeout=args.async_timeout,
+            )
+
+        return start_generator
+
+    @staticmethod
+    def unsupported(run: AheadRun) -> list[str]:
+        problems = (
+            (
+                not run.uses_vllm or run.vllm_mode != "server",
+                f"use_vllm={run.uses_vllm}, vllm_mode={run.vllm_mode!r} (it sends requests to TRL's vLLM server: set "
+                "use_vllm=True, vllm_mode='server')",
+            ),
+            (run.tools, "tools or environments"),
+            (run.vision_language, "a vision-language model (its image features are not sent ahead)"),
+            (not run.one_generation_per_step, MORE_OR_LESS_THAN_ONE_GENERATION),
+            (run.rollout_func, A_ROLLOUT_FUNC),
+        )
+        return [what for bad, what in problems if bad]

@@ -1,0 +1,121 @@
+"""The checks of an asynchronous run: whether it can sample asynchronously at all (:func:`async_rollouts_problem`,
+:func:`resolve_async_rollouts`), whether it keeps snapshots of its weights or the sampled batches
+(:func:`snapshots_needed_by`), and what its generator cannot sample ahead (:func:`check_ahead_generator`, which asks
+the generator registered under ``async_generator``: ``trl_reasoning.async_rollouts.generators``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from ..utils.user_warnings import user_stacklevel
+from .generators import AheadRun, generator_backend
+from .protocols import AsyncRolloutHost
+
+
+def async_rollouts_problem(*, sharded: bool, vision_language: bool, uses_vllm: bool) -> str | None:
+    """Why a run cannot sample asynchronously (``None``: it can)."""
+    if sharded:
+        return (
+            "asynchronous rollouts keep snapshots of the trainable weights and swap them into the model to sample; "
+            "with FSDP or DeepSpeed ZeRO-3 each process holds only a shard of them (use ZeRO-1/2 or LoRA)"
+        )
+    if vision_language and not uses_vllm:
+        return (
+            "asynchronous rollouts record the sampler's log-probabilities at generation time; for a vision-language "
+            "model that needs vLLM (use_vllm=True), which returns them"
+        )
+    return None
+
+
+def resolve_async_rollouts(requested: bool | None, problem: str | None, config_name: str) -> bool:
+    """Whether a run samples asynchronously: ``async_rollouts=True`` where it cannot is an error; ``None`` (a preset's
+    "where the run supports it") falls back to synchronous with a warning that says why."""
+    if requested is False:
+        return False
+    if problem is None:
+        return True
+    if requested is True:
+        raise ValueError(f"async_rollouts=True: {problem}. Set async_rollouts=False to train synchronously.")
+    warnings.warn(
+        f"async_rollouts=None ({config_name}'s default): this run trains synchronously, because {problem}. Set "
+        "async_rollouts=False to silence this warning.",
+        UserWarning,
+        stacklevel=user_stacklevel(),
+    )
+    return False
+
+
+def snapshots_needed_by(host: AsyncRolloutHost) -> str | None:
+    """Why an asynchronous run must keep the last ``k + 1`` snapshots of its trainable weights (``None``: it keeps the
+    sampled batches instead). Sampling batch ``g + k`` at step ``g`` needs its prompts then and one sampling call per
+    batch; what samples or scores a batch of step ``g`` only at step ``g``, with the weights of ``g - k``, needs those
+    weights kept until then:
+
+    - dynamic sampling's extra rounds (their prompts and sizes follow round 0's rewards);
+    - DPPO's top-K from the model (a forward of the trained batch with the behaviour weights);
+    - what the generator leaves to TRL's own generation (``GeneratorBackend.step_time_reason``:
+      ``async_generator="inline"`` where TRL's own ``_generate`` samples: vLLM, tools or environments, a
+      vision-language model, a ``rollout_func``, transformers' continuous batching, more or less than one generation
+      per optimizer step); ``max_staleness=0`` keeps no snapshot anyway.
+    """
+    args = host.args
+    if args.max_staleness == 0:
+        return "max_staleness=0 (no snapshot is kept)"
+    if host.rollout.generates_extra_rounds:
+        return "dynamic sampling's extra rounds are sampled by the weights of k steps earlier after round 0's rewards"
+    if host._uses_topk_divergence and not host.use_vllm:
+        return "DPPO's top-K divergence is computed from the model with the behaviour weights"
+    return generator_backend(args.async_generator).step_time_reason(host)
+
+
+def ahead_run(host: AsyncRolloutHost) -> AheadRun:
+    """What a generator that samples ahead needs to know of ``host``'s run (:func:`check_ahead_generator`)."""
+    args = host.args
+    return AheadRun(
+        uses_vllm=host.use_vllm,
+        vllm_mode=getattr(host, "vllm_mode", None) if host.use_vllm else None,
+        tools=bool(host.tools) or host.environment_factories is not None,
+        vision_language=host._is_vlm,
+        one_generation_per_step=args.steps_per_generation * host.num_iterations == args.gradient_accumulation_steps,
+        quantized=getattr(host.model, "is_loaded_in_4bit", False) or getattr(host.model, "is_loaded_in_8bit", False),
+        rollout_func=host.rollout_func is not None,
+        continuous_batching=bool(getattr(args, "use_transformers_continuous_batching", False)),
+    )
+
+
+def check_ahead_generator(
+    generator: str,
+    *,
+    uses_vllm: bool,
+    vllm_mode: str | None,
+    tools: bool,
+    vision_language: bool,
+    one_generation_per_step: bool,
+    quantized: bool,
+    rollout_func: bool = False,
+    continuous_batching: bool = False,
+) -> None:
+    """A generator that samples ahead (``async_generator="process"`` or ``"server"``) refuses, naming each with its way
+    out, what it cannot sample as TRL's ``_generate`` would (its ``GeneratorBackend.unsupported``): everything else
+    TRL's generation reads (``generation_kwargs``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``,
+    ``cache_implementation``, the chat template and its kwargs) reaches the worker through the trainer's
+    ``generation_config`` and tokenized prompts, or the server through TRL's own sampling parameters."""
+    run = AheadRun(
+        uses_vllm=uses_vllm,
+        vllm_mode=vllm_mode,
+        tools=tools,
+        vision_language=vision_language,
+        one_generation_per_step=one_generation_per_step,
+        quantized=quantized,
+        rollout_func=rollout_func,
+        continuous_batching=continuous_batching,
+    )
+    refuse_unsupported(generator, run)
+
+
+def refuse_unsupported(generator: str, run: AheadRun) -> None:
+    """Raise a ``ValueError`` naming what of ``run`` the generator registered as ``generator`` cannot sample."""
+    found = generator_backend(generator).unsupported(run)
+    if found:
+        raise ValueError(f"async_generator={generator!r} does not support {'; '.join(found)}.")
