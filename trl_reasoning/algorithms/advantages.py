@@ -417,8 +417,3 @@ def compute_advantages(
             )
         advantages = normalize_advantages(advantages)
     return torch.nan_to_num(advantages, nan=0.0)
-
-
-#: Estimators whose baseline is a statistic of the prompt's own group, so they need ``num_generations >= 2`` (their
-#: ``group_relative`` trait; ``batch`` still subtracts the group mean).
-GROUP_RELATIVE_ESTIMATORS = ADVANTAGE_ESTIMATORS.with_trait("group_relative")

@@ -20,8 +20,8 @@ from .dppo import DPPOConfig, DPPOTrainer
 from .dr_grpo import DrGRPOConfig, DrGRPOTrainer
 from .gspo import GSPOConfig, GSPOTrainer
 from .maxrl import MaxRLConfig, MaxRLTrainer
-from .provenance import Paper
 from .prorl import ProRLConfig, ProRLTrainer
+from .provenance import Paper
 from .reinforce_pp import ReinforcePPConfig, ReinforcePPTrainer
 from .rloo import RLOOConfig, RLOOTrainer
 from .scalerl import ScaleRLConfig, ScaleRLTrainer

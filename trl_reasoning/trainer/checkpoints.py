@@ -23,10 +23,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+# The version of the sampling state's layout lives beside its writer (PromptState.state_dict); kept importable here.
+from ..algorithms.prompt_sampling import SAMPLING_STATE_FORMAT  # noqa: F401
+
 #: The file, in every checkpoint folder, that holds the sampling state.
 SAMPLING_STATE_FILE = "trl_reasoning_sampling_state.json"
-#: The version of its layout (written as ``"format"``); a file without it is read as version 0 (before 0.2).
-SAMPLING_STATE_FORMAT = 1
 #: The keys every sampling-state file has.
 SAMPLING_STATE_KEYS = ("retired_prompts", "prompt_stream", "sampler_epoch")
 
@@ -118,7 +119,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _malformed_entry(state: dict[str, Any]) -> str | None:
-    """The first entry of a sampling state whose shape is not what ``algorithms.group_selection.PromptState`` writes (``None``: all are
+    """The first entry of a sampling state whose shape is not what ``algorithms.prompt_sampling.PromptState`` writes (``None``: all are
     well formed), so that a damaged file is refused by name before any of it is loaded."""
     retired = state["retired_prompts"]
     if not (

@@ -62,10 +62,10 @@ from ..algorithms.shaping import (
     sequence_kl,
     token_kl,
 )
-from ..evaluation.callbacks import PromptSamplingCallback
 from ..rewards.wrapping import overlong_penalty
 from ..utils.user_warnings import user_stacklevel
 from .checkpoints import SAMPLING_STATE_FILE, read_sampling_state, write_json_atomically
+from .prompt_sampling_callback import PromptSamplingCallback
 
 
 @runtime_checkable
@@ -588,7 +588,7 @@ class Rollout:
 
     # -------------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The sampling state a checkpoint keeps (see ``algorithms.group_selection.PromptState``)."""
+        """The sampling state a checkpoint keeps (see ``algorithms.prompt_sampling.PromptState``)."""
         return self.prompt_state.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> list[str]:
