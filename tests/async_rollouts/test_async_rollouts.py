@@ -408,17 +408,17 @@ def _sampled_batches(trainer) -> list:
 def test_the_generator_process_samples_the_batches_of_the_inline_one(settings, tiny_model_path, tmp_path):
     """The worker samples ahead of the trainer with the same behaviour weights and seeds as the in-process
     generator: the same completions, the same sampler log-probs (to float tolerance: another forward), the same
-    training (losses, parameters)."""
+    training (losses, parameters). The worker runs one torch thread; so does the trainer here, as under the README's
+    pytest-xdist command, so that the two forwards also match when the suite runs in one process (two threads there
+    move the log-probs by ~7e-4 on this tiny random model)."""
     runs = {}
-    for generator in ("inline", "process"):
-        trainer = _trainer(
-            tiny_model_path, tmp_path / generator, max_staleness=2, async_generator=generator, **settings
-        )
-        calls = _sampled_batches(trainer)
-        trainer.train()
-        if generator == "process":
-            assert trainer.pipeline._generator is None, "the worker outlived train()"
-        runs[generator] = (calls, logged_metric(trainer, "loss"), dict(trainer.model.named_parameters()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for generator in ("inline", "process"):
+            runs[generator] = _generator_run(generator, settings, tiny_model_path, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
     (inline_calls, inline_losses, inline_params), (calls, losses, params) = runs["inline"], runs["process"]
     assert [(step, ids) for step, ids, _ in calls] == [(step, ids) for step, ids, _ in inline_calls]
     for (_, _, logps), (_, _, inline_logps) in zip(calls, inline_calls, strict=True):
@@ -427,6 +427,16 @@ def test_the_generator_process_samples_the_batches_of_the_inline_one(settings, t
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(inline_losses), atol=1e-3, rtol=1e-3)
     for name, param in inline_params.items():
         torch.testing.assert_close(params[name], param, atol=2e-3, rtol=1e-3)
+
+
+def _generator_run(generator, settings, tiny_model_path, tmp_path):
+    """One run of the inline/process comparison: its sampled batches, logged losses and final parameters."""
+    trainer = _trainer(tiny_model_path, tmp_path / generator, max_staleness=2, async_generator=generator, **settings)
+    calls = _sampled_batches(trainer)
+    trainer.train()
+    if generator == "process":
+        assert trainer.pipeline._generator is None, "the worker outlived train()"
+    return calls, logged_metric(trainer, "loss"), dict(trainer.model.named_parameters())
 
 
 def test_the_generator_process_resumes_as_the_uninterrupted_run(tiny_model_path, tmp_path):
