@@ -209,7 +209,7 @@ class AsyncRollouts:
         and the sampler's log-probs only when ``use_vllm``: an asynchronous batch takes that same path (TRL's code,
         modes and metrics), so ``use_vllm`` reads True while TRL scores it (:meth:`generate` restores the real backend
         for generation). Whether TRL builds the correction itself, or the loss does from its own forward, is the
-        trainer's choice (``ReasoningTrainer._importance_sampling_source``)."""
+        trainer's choice (``trainer.correction.ImportanceCorrection.importance_sampling_source``)."""
         host = self.host
         if not host.model.training:
             yield

@@ -621,7 +621,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
 
     def sampling_state_dict(self) -> dict[str, Any]:
         """The sampling state a checkpoint keeps: retired prompts, the dynamic-sampling prompt stream and the epoch the
-        prompt sampler is in (see ``algorithms.group_selection.PromptState``)."""
+        prompt sampler is in (see ``algorithms.prompt_sampling.PromptState``)."""
         return self.rollout.state_dict()
 
     def load_sampling_state_dict(self, state: dict[str, Any]) -> list[str]:
