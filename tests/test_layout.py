@@ -162,3 +162,15 @@ def test_every_long_module_has_its_reason_in_the_architecture_page():
     for module in LONG_MODULES:
         assert f"`{module.removeprefix('trl_reasoning/')}`" in section or f"`{module}`" in section, module
         assert module in module_lengths(), f"{module} no longer exists: drop it from LONG_MODULES"
+
+
+def test_test_modules_outside_packages_have_unique_names():
+    """pytest imports a test module of a folder without ``__init__.py`` by its bare name, so two of the same name
+    (``tests/algorithms/test_registry.py`` and ``tests/tasks/test_registry.py``) cannot both be collected in one
+    process: the second is an "import file mismatch" error."""
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        if not (path.parent / "__init__.py").exists():
+            names.setdefault(path.name, []).append(path.relative_to(ROOT).as_posix())
+    assert len(names) > 50
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
