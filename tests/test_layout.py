@@ -166,8 +166,8 @@ def test_every_long_module_has_its_reason_in_the_architecture_page():
 
 def test_test_modules_outside_packages_have_unique_names():
     """pytest imports a test module of a folder without ``__init__.py`` by its bare name, so two of the same name
-    (``tests/algorithms/test_registry.py`` and ``tests/tasks/test_registry.py``) cannot both be collected in one
-    process: the second is an "import file mismatch" error."""
+    (a ``test_registry.py`` under ``algorithms/`` and another under ``tasks/``, as there once were) cannot both be
+    collected in one process: the second is an "import file mismatch" error."""
     names: dict[str, list[str]] = {}
     for path in (ROOT / "tests").rglob("test_*.py"):
         if not (path.parent / "__init__.py").exists():
