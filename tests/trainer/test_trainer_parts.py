@@ -4,13 +4,13 @@ TRL-API guard checks as it checks ``RolloutHost``."""
 
 from __future__ import annotations
 
-import functools
 import inspect
 import re
 from pathlib import Path
 
 import pytest
-from trl import GRPOTrainer
+from _trl_sources import assigned as _assigned
+from _trl_sources import trl_names as _trl_names
 
 from trl_reasoning.async_rollouts.protocols import protocol_members
 from trl_reasoning.trainer import base as seam
@@ -29,23 +29,6 @@ GUARDED = {
     TopKForwardHost: seam.TRL_INSTANCE_ATTRIBUTES,
     TopKEngineHost: seam.TRL_VLLM_INSTANCE_ATTRIBUTES,
 }
-
-
-def _assigned(source: str) -> set[str]:
-    """The names a source assigns as ``self.NAME = ...`` (or in a tuple of them)."""
-    names = set()
-    for targets in re.findall(r"((?:self\.\w+\s*,\s*)*self\.\w+)\s*(?::[^=\n]+)?=(?!=)", source):
-        names.update(re.findall(r"self\.(\w+)", targets))
-    return names
-
-
-@functools.cache
-def _trl_names() -> frozenset[str]:
-    """Instance attributes TRL's GRPOTrainer sets (and transformers' Trainer does not)."""
-    import transformers
-
-    trainer_names = _assigned(inspect.getsource(transformers.Trainer)) | set(dir(transformers.Trainer))
-    return frozenset(_assigned(inspect.getsource(GRPOTrainer)) - trainer_names)
 
 
 @pytest.mark.parametrize("part", list(PARTS), ids=lambda part: part.__name__)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import re
 from pathlib import Path
 
 import pytest
 import tomllib
 import trl
+from _trl_sources import assigned as _assigned
+from _trl_sources import trl_names as _trl_names
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from trl import GRPOTrainer
@@ -228,24 +229,6 @@ def test_an_overlong_prompt_of_a_streamed_eval_dataset_is_still_skipped_by_name(
 
 
 # ---------------------------------------------------------------- the rollout parts' protocols and the TRL guard
-def _assigned(source: str) -> set[str]:
-    """The names a class's source assigns as ``self.NAME = ...`` (or in a tuple of them)."""
-    names = set()
-    for targets in re.findall(r"((?:self\.\w+\s*,\s*)*self\.\w+)\s*(?::[^=\n]+)?=(?!=)", source):
-        names.update(re.findall(r"self\.(\w+)", targets))
-    return names
-
-
-@functools.cache
-def _trl_names() -> frozenset[str]:
-    """Instance attributes TRL's GRPOTrainer sets (and transformers' Trainer does not). Cached: parsing the two
-    classes' sources takes a quarter of a second, and a test asked for it once per name it checked (70 s)."""
-    import inspect
-
-    import transformers
-
-    trainer_names = _assigned(inspect.getsource(transformers.Trainer)) | set(dir(transformers.Trainer))
-    return frozenset(_assigned(inspect.getsource(GRPOTrainer)) - trainer_names)
 
 
 def _host_protocols():
