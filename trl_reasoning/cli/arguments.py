@@ -36,6 +36,11 @@ def trl_soft_overlong_punishment() -> Callable:
 
 #: Reward functions selectable by name in `--reward_funcs` (a dotted import path works too): "module:attribute", or a
 #: function that builds the reward (for TRL's reward factories).
+#: ``--num_threads`` of ``train`` and ``evaluate``.
+NUM_THREADS_HELP = (
+    "torch threads on the CPU: unset = auto (torch's default less the cores other processes keep busy when the "
+    "command starts), 0 = torch's default, n = exactly n."
+)
 REWARD_FUNCS: dict[str, str | Callable[[], Callable]] = {
     # TRL's own (the names `trl grpo` accepts)
     "accuracy_reward": "trl.rewards:accuracy_reward",
@@ -136,13 +141,7 @@ class DataArguments(ScriptArguments):
     )
     pass_at_k: list[int] = field(default_factory=lambda: [1], metadata={"help": "k values of the pass@k logging."})
     pass_at_k_max_prompts: int | None = field(default=None, metadata={"help": "Held-out prompts for pass@k."})
-    num_threads: int | None = field(
-        default=None,
-        metadata={
-            "help": "torch threads on the CPU: unset = auto (torch's default less the cores other processes keep "
-            "busy when the command starts), 0 = torch's default, n = exactly n."
-        },
-    )
+    num_threads: int | None = field(default=None, metadata={"help": NUM_THREADS_HELP})
 
     def __post_init__(self):
         self.reward_funcs = _as_list(self.reward_funcs)
@@ -208,13 +207,7 @@ class EvalArguments:
     output_json: str | None = field(default=None, metadata={"help": "Write the metrics to this JSON file."})
     seed: int = field(default=0, metadata={"help": "Sampling seed (each process uses seed + its index)."})
     use_cpu: bool = field(default=False, metadata={"help": "Evaluate on the CPU even if a GPU is available."})
-    num_threads: int | None = field(
-        default=None,
-        metadata={
-            "help": "torch threads on the CPU: unset = auto (torch's default less the cores other processes keep "
-            "busy when the command starts), 0 = torch's default, n = exactly n."
-        },
-    )
+    num_threads: int | None = field(default=None, metadata={"help": NUM_THREADS_HELP})
 
     def __post_init__(self):
         self.reward_funcs = _as_list(self.reward_funcs)
