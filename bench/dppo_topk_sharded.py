@@ -47,6 +47,8 @@ def worker(strategy: str, paths: list[str], steps: int, vocab: int, length: int,
     if trainer.accelerator.is_main_process:
         with open(out, "w") as f:
             json.dump(results, f)
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()  # destroys the gloo group: one left alive can abort a rank at exit (SIGABRT)
 
 
 def _torchrun(arguments: list[str]) -> dict:

@@ -116,3 +116,5 @@ if __name__ == "__main__":
         for name in PRESETS:
             run(strategy_name, name, model, out, launch_environment)
             reset_strategy_state(launch_environment)
+    if torch.distributed.is_initialized():  # a live gloo group can abort the rank at exit (SIGABRT)
+        torch.distributed.destroy_process_group()

@@ -26,6 +26,26 @@ def digit_share(completions, **kwargs):
 '''
 
 
+#: Loaded by every launched process (on PYTHONPATH): at its exit, after all else, a rank records whether its process
+#: group is still alive. One left alive can abort the rank at exit (SIGABRT in gloo's threads) after the model is saved.
+EXIT_PROBE = """
+import atexit
+import os
+import sys
+
+
+def _record_process_group_at_exit():
+    distributed = sys.modules.get("torch.distributed")
+    alive = bool(distributed is not None and distributed.is_available() and distributed.is_initialized())
+    with open(os.path.join(os.environ["EXIT_PROBE_DIR"], "rank" + os.environ["RANK"]), "w") as f:
+        f.write("alive" if alive else "destroyed")
+
+
+if "RANK" in os.environ and "EXIT_PROBE_DIR" in os.environ:
+    atexit.register(_record_process_group_at_exit)  # registered first, so it runs after every other exit handler
+"""
+
+
 def _command() -> list[str]:
     script = Path(sys.executable).with_name("trl-reasoning")
     return [str(script)] if script.is_file() else [sys.executable, "-m", "trl_reasoning.cli"]
@@ -224,6 +244,9 @@ def test_cli_launches_two_processes_from_a_yaml_recipe(tmp_path):
     user_code = tmp_path / "user_code"
     user_code.mkdir()
     (user_code / "my_rewards.py").write_text(REWARD_MODULE)
+    (user_code / "sitecustomize.py").write_text(EXIT_PROBE)
+    exit_probe = tmp_path / "exit_probe"
+    exit_probe.mkdir()
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
         "reward_funcs: my_rewards.digit_share\nmax_steps: 2\nper_device_train_batch_size: 4\nnum_generations: 4\n"
@@ -231,6 +254,7 @@ def test_cli_launches_two_processes_from_a_yaml_recipe(tmp_path):
         "logging_steps: 1\n"
     )
     env = {**os.environ, "PYTHONPATH": str(user_code), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env["EXIT_PROBE_DIR"] = str(exit_probe)
     output_dir = tmp_path / "runs" / "two-processes"
     arguments = ["dapo", "--config", str(recipe), "--num_processes", "2", "--model_name_or_path", str(model_dir)]
     arguments += ["--dataset_name", str(data_file), "--output_dir", str(output_dir)]
@@ -240,3 +264,5 @@ def test_cli_launches_two_processes_from_a_yaml_recipe(tmp_path):
     assert len(logs) == 2 and all("'rewards/digit_share/mean'" in line for line in logs)
     card = (output_dir / "README.md").read_text()
     assert "# Model Card for two-processes" in card
+    # Both ranks destroyed their process group before exiting (a live gloo group can abort a rank at exit).
+    assert {p.name: p.read_text() for p in exit_probe.iterdir()} == {"rank0": "destroyed", "rank1": "destroyed"}

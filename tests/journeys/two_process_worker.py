@@ -117,3 +117,5 @@ if __name__ == "__main__":
     model_path, out_dir, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     for preset in PRESETS:
         run(preset, model_path, out_dir, mode)
+    if torch.distributed.is_initialized():  # a live gloo group can abort the rank at exit (SIGABRT)
+        torch.distributed.destroy_process_group()

@@ -76,3 +76,5 @@ def main(model_path: str, out_dir: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    if torch.distributed.is_initialized():  # a live gloo group can abort the rank at exit (SIGABRT)
+        torch.distributed.destroy_process_group()

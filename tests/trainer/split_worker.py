@@ -103,3 +103,5 @@ if __name__ == "__main__":
     grads = gradients(model_path, per_device, grad_accum, os.path.dirname(out_file))
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save(grads, out_file)
+    if torch.distributed.is_initialized():  # a live gloo group can abort the rank at exit (SIGABRT)
+        torch.distributed.destroy_process_group()

@@ -172,6 +172,11 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
         )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     _save_and_describe(trainer, data_args, training_args)
+    # Every process waits for the others, then the process group is destroyed before the interpreter exits: a gloo
+    # group left alive aborts a rank at exit (SIGABRT, "terminate called without an active exception") now and then,
+    # after the model was saved, and the launch then fails. A no-op in one process.
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
     return trainer
 
 
