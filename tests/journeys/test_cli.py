@@ -75,6 +75,9 @@ def cli_run(tmp_path_factory):
     user_code = root / "user_code"
     user_code.mkdir()
     (user_code / "my_rewards.py").write_text(REWARD_MODULE)
+    (user_code / "sitecustomize.py").write_text(EXIT_PROBE)  # active only where EXIT_PROBE_DIR is set: the eval
+    eval_exit_probe = root / "eval_exit_probe"
+    eval_exit_probe.mkdir()
     workdir = root / "workdir"  # not the module's folder: the reward module is found through PYTHONPATH
     workdir.mkdir()
     output_dir = root / "runs" / "digits-dapo"
@@ -138,7 +141,7 @@ def cli_run(tmp_path_factory):
             "--use_cpu", "true",
         ],
         workdir,
-        env,
+        {**env, "EXIT_PROBE_DIR": str(eval_exit_probe)},
     )  # fmt: skip
     return {
         "output_dir": output_dir,
@@ -151,6 +154,7 @@ def cli_run(tmp_path_factory):
         "resumed": resumed,
         "evaluation": evaluation,
         "metrics_file": metrics_file,
+        "eval_exit_probe": eval_exit_probe,
     }
 
 
@@ -266,3 +270,11 @@ def test_cli_launches_two_processes_from_a_yaml_recipe(tmp_path):
     assert "# Model Card for two-processes" in card
     # Both ranks destroyed their process group before exiting (a live gloo group can abort a rank at exit).
     assert {p.name: p.read_text() for p in exit_probe.iterdir()} == {"rank0": "destroyed", "rank1": "destroyed"}
+
+
+@pytest.mark.journey
+@pytest.mark.slow
+def test_cli_eval_on_two_processes_leaves_no_process_group_alive_at_exit(cli_run):
+    """`eval --num_processes 2` ends as training does: each rank destroys its gloo group before it exits."""
+    probe = cli_run["eval_exit_probe"]
+    assert {p.name: p.read_text() for p in probe.iterdir()} == {"rank0": "destroyed", "rank1": "destroyed"}

@@ -34,13 +34,13 @@ def trl_soft_overlong_punishment() -> Callable:
     return get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256)
 
 
-#: Reward functions selectable by name in `--reward_funcs` (a dotted import path works too): "module:attribute", or a
-#: function that builds the reward (for TRL's reward factories).
 #: ``--num_threads`` of ``train`` and ``evaluate``.
 NUM_THREADS_HELP = (
     "torch threads on the CPU: unset = auto (torch's default less the cores other processes keep busy when the "
     "command starts), 0 = torch's default, n = exactly n."
 )
+#: Reward functions selectable by name in `--reward_funcs` (a dotted import path works too): "module:attribute", or a
+#: function that builds the reward (for TRL's reward factories).
 REWARD_FUNCS: dict[str, str | Callable[[], Callable]] = {
     # TRL's own (the names `trl grpo` accepts)
     "accuracy_reward": "trl.rewards:accuracy_reward",

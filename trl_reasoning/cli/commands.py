@@ -172,12 +172,18 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
         )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     _save_and_describe(trainer, data_args, training_args)
-    # Every process waits for the others, then the process group is destroyed before the interpreter exits: a gloo
-    # group left alive aborts a rank at exit (SIGABRT, "terminate called without an active exception") now and then,
-    # after the model was saved, and the launch then fails. A no-op in one process.
-    trainer.accelerator.wait_for_everyone()
-    trainer.accelerator.end_training()
     return trainer
+
+
+def end_processes() -> None:
+    """After a command that finished on every process: wait for the others, then destroy the process group before
+    the interpreter exits. A gloo group left alive aborts a rank at exit now and then (SIGABRT, "terminate called
+    without an active exception"), after the work was saved, and the launch then fails. A no-op in one process."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    state.wait_for_everyone()
+    state.destroy_process_group()
 
 
 def evaluate(eval_args: EvalArguments) -> dict[str, float]:

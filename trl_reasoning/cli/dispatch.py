@@ -11,7 +11,7 @@ from typing import Any
 from ..models.pretrained import SMOLLM2_NAME
 from ..utils.threads import torch_threads
 from .arguments import TRAINERS, load_preset, parse
-from .commands import evaluate, model_command, recipes_command, train
+from .commands import end_processes, evaluate, model_command, recipes_command, train
 
 
 def _usage() -> str:
@@ -149,7 +149,10 @@ def run(argv: Sequence[str] | None = None) -> Any:
     if command == "eval":
         (eval_args,) = parse("eval", rest)
         with torch_threads(eval_args.num_threads):
-            return evaluate(eval_args)
-    data_args, training_args, model_args, mixture = parse(command, rest)
-    with torch_threads(data_args.num_threads):
-        return train(data_args, training_args, model_args, load_preset(command)[1], mixture)
+            result = evaluate(eval_args)
+    else:
+        data_args, training_args, model_args, mixture = parse(command, rest)
+        with torch_threads(data_args.num_threads):
+            result = train(data_args, training_args, model_args, load_preset(command)[1], mixture)
+    end_processes()  # under `accelerate launch`: both commands leave no process group alive at exit
+    return result
