@@ -326,6 +326,73 @@ def test_sequence_level_ratio_is_the_exp_of_the_mean_log_ratio_over_the_mask():
         importance_ratio(logs([[0.4]]), logs([[0.2]]), t64([[1]]), "batch")
 
 
+def test_sequence_ratio_with_per_token_advantages_takes_gspo_token_gradient():
+    # GSPO §4.3 (GSPO-token): s_it = sg[s_i] * pi_t / sg[pi_t]. Log-ratios (0.1, -0.1, padding 5.0) give s_i = e^0 = 1,
+    # inside any clip; advantages (2, -1, 7): l_t = -s_i A_t = (-2, 1, -7), and d(sum_t m_t l_t)/d log pi_t =
+    # -s_i A_t m_t = (-2, 1, 0). Differentiating s_i itself would give -mean_t(A) * s_i / |y| = -0.25 on both tokens.
+    logps, old, mask = t64([[0.1, -0.1, 5.0]]), t64([[0.0, 0.0, 0.0]]), t64([[1, 1, 0]])
+    advantages = t64([[2.0, -1.0, 7.0]])
+    for name, kwargs in (("gspo", {}), ("clip", {"importance_sampling_level": "sequence"})):
+        out, g = loss_and_grad(name, logps, old, advantages, mask, **kwargs)
+        assert_close(out, t64([[-2.0, 1.0, -7.0]]), **TIGHT)
+        assert_close(g, t64([[-2.0, 1.0, 0.0]]), **TIGHT)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(
+    ("name", "kwargs"),
+    [
+        ("gspo", {}),
+        ("gspo", {"epsilon_low": 3e-4, "epsilon_high": 4e-4}),
+        ("clip", {"importance_sampling_level": "sequence", "delta": 1.05}),
+        ("sapo", {"importance_sampling_level": "sequence"}),
+    ],
+)
+def test_gspo_token_matches_a_float64_reference_and_reduces_to_gspo(name, kwargs, seed):
+    """Per-token advantages: values and gradients against GSPO-token's formula written out per token; advantages
+    equal across a sequence's tokens give exactly the one-advantage-per-sequence loss (GSPO §4.3)."""
+    gen = torch.Generator().manual_seed(seed)
+    n, t = 5, 6
+    logps = torch.log(torch.rand(n, t, generator=gen, dtype=torch.float64) * 0.9 + 0.05)
+    old = logps + 0.2 * torch.randn(n, t, generator=gen, dtype=torch.float64)
+    mask = (torch.rand(n, t, generator=gen) > 0.25).to(torch.float64)
+    mask[:, 0] = 1.0
+    advantages = torch.randn(n, t, generator=gen, dtype=torch.float64)
+    out, g = loss_and_grad(name, logps, old, advantages, mask, **kwargs)
+    expected_out, expected_g = torch.zeros(n, t, dtype=torch.float64), torch.zeros(n, t, dtype=torch.float64)
+    low, high = kwargs.get("epsilon_low", 0.2), kwargs.get("epsilon_high", 0.2)
+    for i in range(n):
+        count = sum(mask[i].tolist())
+        s = math.exp(sum((logps[i, k].item() - old[i, k].item()) * mask[i, k].item() for k in range(t)) / count)
+        for k in range(t):
+            a = advantages[i, k].item()
+            if name == "sapo":
+                tau = kwargs.get("sapo_temperature_pos", 1.0) if a > 0 else kwargs.get("sapo_temperature_neg", 1.05)
+                sig = 1 / (1 + math.exp(-tau * (s - 1)))
+                expected_out[i, k] = -sig * 4 / tau * a
+                slope = 4 * sig * (1 - sig)  # d/ds of sigmoid(tau (s - 1)) * 4 / tau
+            else:
+                unclipped = s if kwargs.get("delta") is None else min(s, kwargs["delta"])
+                clipped = min(max(s, 1 - low), 1 + high)
+                expected_out[i, k] = -min(unclipped * a, clipped * a)
+                # the minimum's gradient flows through whichever term it takes; clamped terms carry none
+                takes_unclipped = unclipped * a <= clipped * a
+                if takes_unclipped:
+                    slope = 1.0 if kwargs.get("delta") is None or s < kwargs["delta"] else 0.0
+                else:
+                    slope = 1.0 if 1 - low < s < 1 + high else 0.0
+            # d s_it / d log pi_t = s_i (only the token's own term carries a gradient)
+            expected_g[i, k] = -slope * s * a * mask[i, k].item()
+    assert_close(out, expected_out, rtol=1e-10, atol=1e-12)
+    assert_close(g, expected_g, rtol=1e-9, atol=1e-12)
+    # one advantage per sequence, as (N, T) or as (N,): the same loss and gradient
+    per_sequence = advantages[:, 0]
+    out_t, g_t = loss_and_grad(name, logps, old, per_sequence[:, None].expand(n, t).clone(), mask, **kwargs)
+    out_s, g_s = loss_and_grad(name, logps, old, per_sequence, mask, **kwargs)
+    assert_close(out_t, out_s.expand(n, t), rtol=1e-12, atol=1e-12)
+    assert_close(g_t, g_s, rtol=1e-10, atol=1e-12)
+
+
 def test_unknown_loss_lists_the_allowed_names():
     with pytest.raises(ValueError, match="Allowed values") as info:
         compute_policy_loss("ppo", logs([[0.5]]), logs([[0.5]]), t64([1.0]), t64([[1.0]]))

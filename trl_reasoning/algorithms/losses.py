@@ -167,11 +167,21 @@ IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
 def importance_ratio(
-    logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, level: str = "token"
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    mask: torch.Tensor,
+    level: str = "token",
+    advantages: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``rho = pi / pi_old``: ``(B, T)`` per token (``level="token"``), or ``(B, 1)`` per sequence
-    (``level="sequence"``): ``exp(sum_t m_t (log pi - log pi_old) / sum_t m_t)``, TRL's
-    ``importance_sampling_level`` (GSPO, arXiv 2507.18071, Eq. 7)."""
+    (``level="sequence"``): ``s_i = exp(sum_t m_t (log pi - log pi_old) / sum_t m_t)``, TRL's
+    ``importance_sampling_level`` (GSPO, arXiv 2507.18071, Eq. 7).
+
+    With ``level="sequence"`` and per-token ``advantages`` (``(B, T)``, e.g. REINFORCE++'s returns) the ratio is
+    GSPO-token's ``s_it = sg[s_i] * pi_t / sg[pi_t]`` (GSPO §4.3), ``(B, T)``: every token carries ``s_i``'s value
+    (so the clip acts per sequence as before) and its own gradient ``s_i * grad log pi_t``, which its own advantage
+    weights. Differentiating ``s_i`` itself would weight every token's gradient by the sequence's mean advantage. With
+    one advantage per sequence the two forms have the same value and gradient (GSPO §4.3), and ``(B, 1)`` is kept."""
     if level not in IMPORTANCE_SAMPLING_LEVELS:
         raise ValueError(
             f"Unknown importance_sampling_level {level!r}. Allowed values: {', '.join(IMPORTANCE_SAMPLING_LEVELS)}."
@@ -180,6 +190,8 @@ def importance_ratio(
     if level == "sequence":
         lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1)
         log_ratio = (log_ratio * mask).sum(dim=-1, keepdim=True) / lengths
+        if advantages is not None and advantages.dim() == logps.dim() and advantages.shape[-1] > 1:
+            return torch.exp(log_ratio.detach() + logps - logps.detach())
     return torch.exp(log_ratio)
 
 
@@ -219,7 +231,7 @@ def clip_loss(
     (:func:`importance_ratio`), whose loss every token of the sequence carries, as TRL does for any ``loss_type``.
     Sources: PPO arXiv 1707.06347; GRPO arXiv 2402.03300; DAPO arXiv 2503.14476 (Eq. 10).
     """
-    ratio = importance_ratio(logps, old_logps, mask, importance_sampling_level)
+    ratio = importance_ratio(logps, old_logps, mask, importance_sampling_level, advantages)
     return _clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high, delta, stats).expand_as(logps)
 
 
@@ -312,7 +324,7 @@ def sapo_loss(
     smoothly instead of dropping to zero. TRL's ``loss_type="sapo"`` (defaults ``tau_pos = 1.0``, ``tau_neg =
     1.05``). Source: SAPO, Soft Adaptive Policy Optimization, arXiv 2511.20347.
     """
-    ratio = importance_ratio(logps, old_logps, mask, importance_sampling_level)
+    ratio = importance_ratio(logps, old_logps, mask, importance_sampling_level, advantages)
     temperature = torch.where(
         advantages > 0,
         torch.as_tensor(sapo_temperature_pos, dtype=ratio.dtype, device=ratio.device),
