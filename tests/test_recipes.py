@@ -23,8 +23,7 @@ CPU = ["--use_cpu", "true"]
 #: What a preset sets on the command line over a recipe's value (recipes/README.md says so), keyed by preset name.
 PRESET_FLAGS = {
     "rloo": ["--num_generations", "4"],
-    "gspo": ["--steps_per_generation", "16"],
-    "prorl": ["--temperature", "1.2", "--num_generations", "16", "--steps_per_generation", "16"],
+    "prorl": ["--temperature", "1.2", "--num_generations", "16"],
 }
 
 
@@ -106,10 +105,11 @@ def test_the_documented_per_preset_flags_override_the_recipe(path):
         for flag, value in zip(flags[::2], flags[1::2]):
             assert getattr(args, flag.removeprefix("--")) == type(getattr(args, flag.removeprefix("--")))(value)
         assert args.output_dir.endswith(f"-{name}")
-    # GSPO's and ProRL's flag gives the recipe their papers' four optimizer steps per rollout batch
+    # GSPO's and ProRL's four optimizer steps per rollout batch follow the recipe's gradient accumulation, unflagged
     for name in ("gspo", "prorl"):
-        _, args, _, _ = cli.parse(name, ["--config", str(path), *PRESET_FLAGS[name], *CPU])
-        assert args.steps_per_generation // args.gradient_accumulation_steps == 4, name
+        _, args, _, _ = cli.parse(name, ["--config", str(path), *PRESET_FLAGS.get(name, []), *CPU])
+        assert args.gradient_accumulation_steps == 4
+        assert args.steps_per_generation == 4 * args.gradient_accumulation_steps, name
 
 
 @pytest.mark.parametrize("name", ["ddp", "zero2", "zero3", "fsdp2", "multi_node"])

@@ -84,6 +84,16 @@ VARIANT_FIELDS = {
 }
 
 
+class OptimizerStepsPerGeneration(int):
+    """A preset's ``steps_per_generation`` default counted in optimizer steps, not TRL's micro-batches: GSPO's and
+    ProRL's four updates per rollout batch. Its own type marks it as the preset's (a value the user passes is a plain
+    ``int``, in TRL's unit), so [`ReasoningConfig`] multiplies it by ``gradient_accumulation_steps``, or drops it for a
+    ``generation_batch_size`` the user sets (TRL refuses the two together). It reads as the plain number."""
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
 def one_of_text(names) -> str:
     """``"one of a, b, c"``: the phrase every "one of" help text is built with (a test reads it back)."""
     return f"one of {', '.join(names)}"
@@ -518,9 +528,15 @@ class ReasoningConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        # read before the types are coerced, which turn it into a plain int
+        steps_in_updates = (
+            self.steps_per_generation if type(self.steps_per_generation) is OptimizerStepsPerGeneration else None
+        )
         # A value given in Python gets the conversion TRL's YAML/CLI parsing applies (never a truthy "false").
         coerce_field_types(self)
         passed = {item.name: getattr(self, item.name) for item in dataclasses.fields(self) if item.init}
+        if steps_in_updates is not None:
+            self._resolve_optimizer_steps_per_generation(int(steps_in_updates))
         self._resolve_loss()
         self._resolve_advantage_estimator()
         self._validate_reasoning_fields()
@@ -532,9 +548,20 @@ class ReasoningConfig(GRPOConfig):
             if explained is error:
                 raise
             raise explained from error
+        # the checks the chosen generator declares; they read the batch geometry TRL has just resolved
+        check_generator_config(self)
         # The model card tells what the user set from what __post_init__ derived, without building a config later
         # (building one mid-training resets accelerate's global state).
         record_derived_values(self, passed)
+
+    def _resolve_optimizer_steps_per_generation(self, updates: int) -> None:
+        """A preset's ``updates`` optimizer steps per rollout batch ([`OptimizerStepsPerGeneration`]) in TRL's unit:
+        ``updates * gradient_accumulation_steps`` micro-batches; none when the user sets ``generation_batch_size``,
+        from which TRL derives ``steps_per_generation`` (it refuses both)."""
+        if self.generation_batch_size is not None:
+            self.steps_per_generation = None
+        else:
+            self.steps_per_generation = updates * self.gradient_accumulation_steps
 
     def _preset_group_size_error(self, error: ValueError) -> ValueError:
         """TRL's "must be divisible by num_generations" names a group size the user may never have set: a preset's
@@ -834,7 +861,6 @@ class ReasoningConfig(GRPOConfig):
                 )
         if not self.async_timeout > 0:
             raise ValueError(f"async_timeout must be > 0 seconds, got {self.async_timeout}.")
-        check_generator_config(self)  # the checks the chosen generator declares
 
     def _resolve_icepop_band(self) -> None:
         """``token_icepop`` runs IcePop's band ``[0.5, 5]`` unless a bound was given: a bound left at TRL's default

@@ -180,6 +180,43 @@ def test_gspo_trains_each_rollout_as_four_steps_unless_a_generation_batch_size_i
         make(tr.GSPOConfig, generation_batch_size=16, steps_per_generation=2)
 
 
+@pytest.mark.parametrize("config_class", [tr.GSPOConfig, tr.ProRLConfig])
+def test_four_updates_per_rollout_follow_gradient_accumulation_unless_steps_are_passed(config_class):
+    """The papers' four optimizer steps per rollout batch are the preset's default, counted in optimizer steps: TRL's
+    micro-batches scale with gradient accumulation. A value the user passes is TRL's micro-batches, kept as given."""
+    extra = {"num_generations": 8} if config_class is tr.ProRLConfig else {}
+    accumulated = make(config_class, gradient_accumulation_steps=4, **extra)
+    assert (accumulated.steps_per_generation, accumulated.generation_batch_size) == (16, 128)
+    assert type(accumulated.steps_per_generation) is int
+    explicit = make(config_class, gradient_accumulation_steps=4, steps_per_generation=4, **extra)
+    assert explicit.steps_per_generation == 4  # one optimizer step per rollout batch, as asked
+    assert (
+        make(config_class, gradient_accumulation_steps=4, generation_batch_size=64, **extra).steps_per_generation == 8
+    )
+    with pytest.raises(ValueError, match="can not be both configured"):  # TRL's refusal, also for the value 4
+        make(config_class, generation_batch_size=64, steps_per_generation=4, **extra)
+    # the field's default reads as the paper's number (docs tables, --help)
+    assert repr(config_class.__dataclass_fields__["steps_per_generation"].default) == "4"
+
+
+@pytest.mark.parametrize("generator", ["process", "server"])
+def test_a_generator_that_samples_ahead_refuses_the_four_updates_at_construction(generator):
+    vllm = {"use_vllm": True, "vllm_mode": "server"} if generator == "server" else {}
+    with pytest.raises(
+        ValueError,
+        match=rf"async_generator='{generator}' does not support more or less than one .*"
+        r"GSPOConfig has steps_per_generation=4, num_iterations=1 and gradient_accumulation_steps=1",
+    ):
+        make(tr.GSPOConfig, async_rollouts=True, async_generator=generator, **vllm)
+    with pytest.raises(ValueError, match=r"steps_per_generation=2, num_iterations=2"):
+        make(tr.ReasoningConfig, async_rollouts=True, async_generator=generator, steps_per_generation=2,
+             gradient_accumulation_steps=2, num_iterations=2, **vllm)  # fmt: skip
+    config = make(tr.GSPOConfig, async_rollouts=True, async_generator=generator, steps_per_generation=1, **vllm)
+    assert config.steps_per_generation == 1
+    # async_rollouts=None leaves an unsupported run to the trainer (synchronous, with a warning)
+    assert make(tr.GSPOConfig, async_rollouts=None, async_generator=generator, **vllm).steps_per_generation == 4
+
+
 def test_dppo_kl_takes_its_own_default_threshold():
     from trl_reasoning.algorithms.losses import DPPO_DEFAULT_THRESHOLDS
 

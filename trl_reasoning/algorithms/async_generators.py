@@ -33,12 +33,31 @@ def known_generator(name: Any) -> None:
         raise ValueError(f"{FIELD} must be {listed}, got {name!r}.")
 
 
+#: What a generator that samples ahead cannot run: it hands the trainer one batch per optimizer step.
+MORE_OR_LESS_THAN_ONE_GENERATION = (
+    "more or less than one generation per optimizer step (steps_per_generation * num_iterations must equal "
+    "gradient_accumulation_steps)"
+)
+
+
 def _samples_ahead(config: Any) -> None:
-    """A generator that samples ahead of the trainer needs a lag to sample in."""
+    """A generator that samples ahead of the trainer needs a lag to sample in, and samples one batch per optimizer
+    step. Run on the config TRL has resolved (``steps_per_generation`` set)."""
     if config.async_rollouts is not False and config.max_staleness < 1:
         raise ValueError(
             f"async_generator={config.async_generator!r} samples ahead of the trainer, which max_staleness=0 "
             "forbids: set max_staleness >= 1, or async_generator='inline'."
+        )
+    # async_rollouts=None leaves an unsupported run synchronous, with a warning, when the trainer is built
+    steps, iterations = config.steps_per_generation, config.num_iterations
+    accumulation = config.gradient_accumulation_steps
+    if config.async_rollouts is True and steps is not None and steps * iterations != accumulation:
+        raise ValueError(
+            f"async_generator={config.async_generator!r} does not support {MORE_OR_LESS_THAN_ONE_GENERATION}: "
+            f"{type(config).__name__} has steps_per_generation={steps}, num_iterations={iterations} and "
+            f"gradient_accumulation_steps={accumulation}. Set steps_per_generation={accumulation} (without "
+            "generation_batch_size) and num_iterations=1: the pipeline's staleness then takes the ratio off 1. Or "
+            "use async_generator='inline', which samples a generation batch for any number of steps."
         )
 
 

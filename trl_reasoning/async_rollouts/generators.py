@@ -30,11 +30,9 @@ if TYPE_CHECKING:
 #: The registered generators (each a :class:`GeneratorBackend` subclass), by the names ``async_generator`` takes.
 GENERATORS: Registry = Registry(FIELD)
 
-#: What no generator that samples ahead can honour, as :meth:`GeneratorBackend.unsupported` names it.
-MORE_OR_LESS_THAN_ONE_GENERATION = (
-    "more or less than one generation per optimizer step (steps_per_generation * num_iterations must equal "
-    "gradient_accumulation_steps)"
-)
+#: What no generator that samples ahead can honour, as :meth:`GeneratorBackend.unsupported` names it (the batch
+#: geometry, ``MORE_OR_LESS_THAN_ONE_GENERATION``, is declared with the generators' config checks, which refuse it
+#: at config construction).
 A_ROLLOUT_FUNC = (
     "a rollout_func (it samples the batches ahead itself and would never call it: async_generator='inline' calls "
     "it with the behaviour weights in the model, and a vLLM engine synced with them)"

@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..algorithms.async_generators import MORE_OR_LESS_THAN_ONE_GENERATION
 from .generators import (
     A_ROLLOUT_FUNC,
-    MORE_OR_LESS_THAN_ONE_GENERATION,
     AheadRun,
     GeneratorBackend,
     register_generator,

@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any
 
 from accelerate.utils import broadcast_object_list, gather_object
 
+from ..algorithms.async_generators import MORE_OR_LESS_THAN_ONE_GENERATION
 from ..algorithms.logprobs import engine_sampled_logprobs
 from .generators import (
     A_ROLLOUT_FUNC,
-    MORE_OR_LESS_THAN_ONE_GENERATION,
     AheadRun,
     GeneratorBackend,
     register_generator,

@@ -4,14 +4,15 @@ arXiv 2507.18071).
 advantage ``grpo`` · objective ``gspo`` (``clip`` on ``s_i = exp(mean_t log(pi / pi_old))``, TRL's
 ``importance_sampling_level="sequence"``) with ``eps_low = 3e-4, eps_high = 4e-4`` · aggregation
 ``seq_mean_token_mean`` (TRL's ``loss_type="grpo"``) · ``beta = 0`` · each rollout batch trained as 4 optimizer
-steps (``steps_per_generation = 4``, ``gradient_accumulation_steps = 1``): TRL's documented recipe (its paper index).
+steps (``steps_per_generation = 4`` optimizer steps, ``4 × gradient_accumulation_steps`` micro-batches): TRL's
+documented recipe (its paper index).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import ReasoningConfig
+from ..config import OptimizerStepsPerGeneration, ReasoningConfig
 from ..trainer.base import ReasoningTrainer
 from .provenance import Paper, document_sources, preset_default
 
@@ -37,11 +38,11 @@ class GSPOConfig(ReasoningConfig):
     Where the paper and TRL's recipe differ, or the paper is silent:
 
     - The paper splits each rollout batch into four minibatches, one optimizer update each (§5.1). TRL counts
-      `steps_per_generation` in micro-batches, so the recipe's four updates hold with `gradient_accumulation_steps=1`
-      only (TRL: "must be 4 times gradient_accumulation_steps"). With gradient accumulation, set
-      `steps_per_generation = 4 * gradient_accumulation_steps` to keep four updates per rollout batch. A
-      `generation_batch_size` you set replaces the preset's `steps_per_generation=4` (TRL refuses the two together),
-      and `steps_per_generation` then follows from it, as in TRL.
+      `steps_per_generation` in micro-batches (its recipe: "must be 4 times gradient_accumulation_steps"); the
+      preset's default counts optimizer steps, so with `gradient_accumulation_steps=g` it becomes `4 * g`
+      micro-batches and each rollout batch still trains as four updates. A `steps_per_generation` you pass is TRL's
+      micro-batches, as in `GRPOConfig`. A `generation_batch_size` you set replaces the preset's default (TRL refuses
+      the two together), and `steps_per_generation` then follows from it, as in TRL.
     - The paper gives no batch or group size; the preset keeps TRL's `per_device_train_batch_size=8` and
       `num_generations=8` (a generation batch of 32 completions, 4 prompts, per process).
 
@@ -49,8 +50,9 @@ class GSPOConfig(ReasoningConfig):
     a checkpoint between two rollout batches (`save_steps` a multiple of 4 with the defaults); from one inside a
     rollout batch, its prompts are sampled again with the checkpoint's weights and the run departs from the
     uninterrupted one (`GRPOTrainer` does the same). Asynchronous rollouts with `async_generator="process"` or
-    `"server"` need one generation per optimizer step (`steps_per_generation=1`: the pipeline's staleness is then
-    what moves the ratio off 1); the in-process generator takes the defaults.
+    `"server"` need one generation per optimizer step (`steps_per_generation` equal to `gradient_accumulation_steps`:
+    the pipeline's staleness is then what moves the ratio off 1), and the config refuses them otherwise; the
+    in-process generator takes the defaults.
 
     Paper: Group Sequence Policy Optimization, arXiv 2507.18071.
     """
@@ -90,22 +92,15 @@ class GSPOConfig(ReasoningConfig):
     gradient_accumulation_steps: int = preset_default(
         "gradient_accumulation_steps",
         1,
-        source="TRL's paper index `gradient_accumulation_steps=1` (TRL's default), so that `steps_per_generation=4` "
-        "is four optimizer steps per rollout batch",
+        source="TRL's paper index `gradient_accumulation_steps=1` (TRL's default)",
     )
     steps_per_generation: int | None = preset_default(
         "steps_per_generation",
-        PAPER_MINIBATCHES,
+        OptimizerStepsPerGeneration(PAPER_MINIBATCHES),
         source="GSPO §5.1 (each rollout batch partitioned into four minibatches for gradient updates); TRL's paper "
-        "index `steps_per_generation=4`",
+        "index `steps_per_generation=4` with `gradient_accumulation_steps=1`. Counted in optimizer steps: "
+        "`4 × gradient_accumulation_steps` micro-batches",
     )
-
-    def __post_init__(self) -> None:
-        # TRL refuses `generation_batch_size` beside `steps_per_generation`: one the user sets replaces the preset's
-        # four micro-batches, and TRL derives `steps_per_generation` from it.
-        if self.generation_batch_size is not None and self.steps_per_generation == PAPER_MINIBATCHES:
-            self.steps_per_generation = None
-        super().__post_init__()
 
 
 class GSPOTrainer(ReasoningTrainer):

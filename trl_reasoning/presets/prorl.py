@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from transformers.trainer_utils import SchedulerType
 
-from ..config import ReasoningConfig
+from ..config import OptimizerStepsPerGeneration, ReasoningConfig
 from ..trainer.base import ReasoningTrainer
 from .provenance import Paper, document_sources, preset_default
 
@@ -42,15 +42,16 @@ class ProRLConfig(ReasoningConfig):
       which goes on with its schedule; with the preset's constant learning rate that changes nothing.
     - **The KL estimator.** TRL's `k3`, `exp(r) - r - 1` with `r = log pi_ref - log pi` (GRPO's, and verl's
       `low_var_kl` without its clamp to [-10, 10]), averaged over tokens with the policy loss (`token_mean`).
-    - **Four updates per rollout.** TRL counts `steps_per_generation` in micro-batches: the four optimizer steps hold
-      with `gradient_accumulation_steps=1`. With accumulation, set `steps_per_generation = 4 *
-      gradient_accumulation_steps`. A `generation_batch_size` you set replaces the preset's `steps_per_generation=4`
-      (TRL refuses both).
+    - **Four updates per rollout.** TRL counts `steps_per_generation` in micro-batches; the preset's default counts
+      optimizer steps, so with `gradient_accumulation_steps=g` it becomes `4 * g` micro-batches (a value you pass is
+      TRL's micro-batches, as in `GRPOConfig`). A `generation_batch_size` you set replaces the preset's default (TRL
+      refuses both).
     - **Not set here**: the learning rate (the paper's 2e-6 is for a 1.5B model), the context length (8k, then 16k),
       the batch of 256 prompts, the reward functions and their shaping across runs (the paper changed some between
       runs), and dynamic sampling's round cap (`max_num_gen_batches` keeps the package's 10, verl's DAPO value).
     - **Asynchronous rollouts** with `async_generator="process"` or `"server"` need one generation per optimizer
-      step (`steps_per_generation=1`); the reference is scored by the trainer's own forward either way.
+      step (`steps_per_generation` equal to `gradient_accumulation_steps`; the config refuses them otherwise); the
+      reference is scored by the trainer's own forward either way.
 
     Paper: ProRL: Prolonged Reinforcement Learning Expands Reasoning Boundaries in Large Language Models,
     arXiv 2505.24864.
@@ -94,8 +95,9 @@ class ProRLConfig(ReasoningConfig):
     )
     steps_per_generation: int | None = preset_default(
         "steps_per_generation",
-        PAPER_MINIBATCHES,
-        source="ProRL's training setup (a rollout batch of 256 prompts, mini-batches of 64: four updates per rollout)",
+        OptimizerStepsPerGeneration(PAPER_MINIBATCHES),
+        source="ProRL's training setup (a rollout batch of 256 prompts, mini-batches of 64: four updates per "
+        "rollout). Counted in optimizer steps: `4 × gradient_accumulation_steps` micro-batches",
     )
     lr_scheduler_type: SchedulerType | str = preset_default(
         "lr_scheduler_type", "constant", source="ProRL's training setup (AdamW at a constant learning rate)"
@@ -107,13 +109,6 @@ class ProRLConfig(ReasoningConfig):
         "the current policy; the paper resets between runs, by hand); 200 steps: the low end of the 200-500 steps "
         "of NVIDIA's ProRL v2 post (developer.nvidia.com, Aug. 2025)",
     )
-
-    def __post_init__(self) -> None:
-        # TRL refuses `generation_batch_size` beside `steps_per_generation`: one the user sets replaces the preset's
-        # four micro-batches, and TRL derives `steps_per_generation` from it.
-        if self.generation_batch_size is not None and self.steps_per_generation == PAPER_MINIBATCHES:
-            self.steps_per_generation = None
-        super().__post_init__()
 
 
 class ProRLTrainer(ReasoningTrainer):
