@@ -206,6 +206,19 @@ def test_the_kl_trigger_reads_the_mean_kl_of_the_rollout_batch_just_trained():
     assert not reset.due(6)  # nothing observed: no KL, no trigger
 
 
+def test_a_restored_checkpoint_drops_the_kl_of_a_rollout_batch_it_will_sample_again(tmp_path):
+    """A checkpoint inside a rollout batch holds that batch's KL so far; the resumed run samples the batch again, so
+    its KL trigger must not add the old batch's partial KL to the new one."""
+    (tmp_path / REFERENCE_STATE_FILE).write_text(
+        json.dumps({"resets": 0, "last_reset_step": None, "kl_sum": 0.3, "kl_count": 2})
+    )
+    reset = _deciding(threshold=0.05)
+    reset.restore(tmp_path)
+    assert (reset.state.kl_sum, reset.state.kl_count) == (0.0, 0)
+    reset.observe_kl(0.04)
+    assert not reset.due(2)  # judged on the new batch's 0.04 alone, not (0.3 + 0.04) / 3
+
+
 # ------------------------------------------------------------------------------------------------------ training
 
 
@@ -292,6 +305,28 @@ def test_a_run_that_resets_then_checkpoints_resumes_as_the_uninterrupted_run(use
     _assert_same(resumed_reference, full_reference, rtol=0, atol=0)
     assert _differ(full_reference, full_policy)
     _assert_same(resumed_policy, full_policy, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_lora", [False, True], ids=["full", "lora"])
+def test_a_resume_with_the_reset_turned_off_keeps_the_checkpoints_reference(use_lora, tiny_model_path, tmp_path):
+    """The reference a run reset to is trainer state: resumed with both reset fields off, the run goes on against it
+    (with a warning), never resets again, and its own checkpoints keep it."""
+    reset_run = dict(peft=use_lora, max_steps=2, save_strategy="steps", save_steps=2)
+    _trainer(tiny_model_path, tmp_path, reference_reset_steps=2, **reset_run).train()
+    checkpoint = tmp_path / "checkpoint-2"
+    saved = load_file(str(checkpoint / REFERENCE_WEIGHTS_FILE))
+    trainer = _trainer(tiny_model_path, tmp_path, peft=use_lora, max_steps=4, save_strategy="steps", save_steps=4)
+    assert trainer.reference_reset is None
+    with pytest.warns(UserWarning, match=r"records 1 reference reset\(s\) .* against the checkpoint's reference"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    reference, policy = reference_and_policy(trainer)
+    _assert_same(reference, {name: saved[name] for name in reference}, rtol=0, atol=0)
+    assert _differ(reference, policy)  # two more steps trained, no reset
+    assert (trainer.reference_reset.state.resets, trainer.reference_reset.state.last_reset_step) == (1, 2)
+    state = json.loads((tmp_path / "checkpoint-4" / REFERENCE_STATE_FILE).read_text())
+    assert (state["resets"], state["last_reset_step"]) == (1, 2)
+    assert (tmp_path / "checkpoint-4" / REFERENCE_WEIGHTS_FILE).is_file()
 
 
 @pytest.mark.slow

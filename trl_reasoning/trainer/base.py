@@ -74,7 +74,7 @@ from .checkpoints import last_complete_checkpoint
 from .correction import CorrectionHost, ImportanceCorrection, uses_trl_is_ratio
 from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
 from .prompt_lengths import ContextGuard, render_prompts
-from .reference_reset import reference_reset_for
+from .reference_reset import reference_kept_on_resume, reference_reset_for
 from .rollout import Rollout, RolloutHost, loss_tokens
 from .topk_forward import (
     FORWARD_KEYS,
@@ -593,6 +593,10 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             if getattr(self, "async_rollouts", None) is not None:
                 self.async_rollouts.restore(checkpoint)
             self.rollout.restore(checkpoint)
+            if self.reference_reset is None:  # resets turned off: a reference the run had reset is still its state
+                self.reference_reset = reference_kept_on_resume(self, checkpoint)
+                if self.reference_reset is not None:
+                    self.add_callback(self.reference_reset)
             if self.reference_reset is not None:
                 self.reference_reset.restore(checkpoint)
 

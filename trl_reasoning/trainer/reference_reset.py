@@ -65,7 +65,8 @@ class ReferenceResetError(ValueError):
 
 class ReferenceResetHost(Protocol):
     """What the reset reads from the trainer: its config, the policy and TRL's reference, the optimizer, the
-    accelerator, TRL's metrics and micro-batch counter (``GRPOTrainer._step``) and ``num_iterations``."""
+    accelerator, TRL's metrics and micro-batch counter (``GRPOTrainer._step``), ``num_iterations`` and the KL
+    coefficient ``beta``."""
 
     args: Any
     model: torch.nn.Module
@@ -73,6 +74,7 @@ class ReferenceResetHost(Protocol):
     optimizer: Any
     accelerator: Any
     num_iterations: int
+    beta: float
     _metrics: dict
     _step: int
 
@@ -291,7 +293,36 @@ class ReferenceReset(TrainerCallback):
                     "the reference it trained against is lost. Resume from a complete checkpoint."
                 )
             copy_parameters(load_file(str(path)), self._reference_parameters(), str(path))
+        # a checkpoint inside a rollout batch: the resumed run samples that batch again, so its KL starts afresh
+        state.kl_sum, state.kl_count = 0.0, 0
         self.state = state
+
+
+def reference_kept_on_resume(host: ReferenceResetHost, checkpoint: str | os.PathLike) -> ReferenceReset | None:
+    """For a run resumed with neither reset field set from a checkpoint whose run reset its reference: a
+    :class:`ReferenceReset` that never resets, so the run goes on against the reference the checkpoint saved (not the
+    initial one TRL built) and keeps saving it with its own checkpoints. ``None`` when there is nothing to keep: no
+    reset recorded, or no KL term (``beta=0``: no reference is scored)."""
+    state = read_reset_state(checkpoint)
+    if state is None or not state.resets or host.beta == 0.0:
+        return None
+    if getattr(host, "is_deepspeed_enabled", False) or getattr(host, "is_fsdp_enabled", False):
+        warnings.warn(
+            f"{checkpoint} records {state.resets} reference reset(s), but this run (DeepSpeed or FSDP) cannot load a "
+            "reference into its sharded reference model: it trains against the reference TRL built from the initial "
+            "weights. Resume with DDP (or one process) to keep the checkpoint's reference.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+        return None
+    warnings.warn(
+        f"{checkpoint} records {state.resets} reference reset(s) (the last at step {state.last_reset_step}) and "
+        "reference_reset_steps and reference_reset_kl are off: the run goes on against the checkpoint's reference, "
+        "without further resets.",
+        UserWarning,
+        stacklevel=user_stacklevel(),
+    )
+    return ReferenceReset(host, None, None)
 
 
 def reference_reset_for(host: ReferenceResetHost) -> ReferenceReset | None:
