@@ -654,10 +654,21 @@ class ReasoningConfig(GRPOConfig):
                 name == "policy_loss" and value in POLICY_LOSSES and base_objective(value) == base_objective(implied)
             )
             if value is not None and value != implied and not same_objective:
+                preset_value = (
+                    value
+                    == self.__dataclass_fields__[name].default
+                    != ReasoningConfig.__dataclass_fields__[name].default
+                )
+                way_out = (
+                    f"pass {name}=None to take loss_type's ({name}={value!r} is {type(self).__name__}'s default, not "
+                    "a value you set)"
+                    if preset_value
+                    else f"drop {name}"
+                )
                 raise ValueError(
                     f"{name}={value!r} conflicts with loss_type={self.loss_type!r}, which means "
                     f"policy_loss={implied_loss!r} and loss_aggregation={implied_aggregation!r} in TRL. Set "
-                    f"loss_type=None to use {name}={value!r}, or drop {name}."
+                    f"loss_type=None to use {name}={value!r}, or {way_out}."
                 )
         self.policy_loss = implied_loss if self.policy_loss is None else self.policy_loss
         self.loss_aggregation = implied_aggregation

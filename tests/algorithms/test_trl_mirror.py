@@ -36,3 +36,17 @@ def test_loss_metrics_are_reduced_in_one_collective():
     )
     assert means == {"entropy": 3.0, "seq": 0.5, "policy_loss": 0.25}
     assert calls == [torch.Size([3, 2])]
+
+
+def test_a_per_sequence_metric_averages_over_the_rows_that_train():
+    """GSPO's clip fractions are one value per sequence: groups that group selection dropped (``row_active`` 0) train
+    nothing and must not dilute them; per-token metrics already leave them out through the mask."""
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [1.0, 0.0]])  # rows 1 and 2 dropped (mask zeroed)
+    values = {
+        "clip": torch.tensor([[1.0], [0.0], [0.0], [0.0]]),
+        "entropy": torch.tensor([[2.0, 4.0], [9.0, 9.0]] * 2),
+    }
+    active = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    means = masked_means_over_processes(values, mask, lambda totals: totals, active_rows=active)
+    assert means == {"clip": 0.5, "entropy": (2.0 + 4.0 + 9.0) / 3}
+    assert masked_means_over_processes(values, mask, lambda totals: totals)["clip"] == 0.25  # TRL's: every row

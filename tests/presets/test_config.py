@@ -180,6 +180,25 @@ def test_gspo_trains_each_rollout_as_four_steps_unless_a_generation_batch_size_i
         make(tr.GSPOConfig, generation_batch_size=16, steps_per_generation=2)
 
 
+@pytest.mark.parametrize(
+    ("config_class", "loss_type", "field", "value"),
+    [
+        (tr.GSPOConfig, "dapo", "loss_aggregation", "seq_mean_token_mean"),
+        (tr.ReinforcePPConfig, "grpo", "loss_aggregation", "token_mean"),
+        (tr.CISPOConfig, "dapo", "policy_loss", "cispo"),
+    ],
+)
+def test_a_loss_type_against_a_preset_default_says_the_preset_set_it(config_class, loss_type, field, value):
+    """The user passed loss_type only: the conflicting field is the preset's default, and the way out is to clear it."""
+    with pytest.raises(ValueError, match=rf"pass {field}=None to take loss_type's \({field}='{value}' is "
+                       rf"{config_class.__name__}'s default, not a value you set\)"):  # fmt: skip
+        make(config_class, loss_type=loss_type)
+    config = make(config_class, loss_type=loss_type, **{field: None})
+    assert config.loss_type == loss_type
+    with pytest.raises(ValueError, match=rf"or drop {field}\."):  # a value the user set: no such hint
+        make(tr.ReasoningConfig, loss_type=loss_type, **{field: value})
+
+
 @pytest.mark.parametrize("config_class", [tr.GSPOConfig, tr.ProRLConfig])
 def test_four_updates_per_rollout_follow_gradient_accumulation_unless_steps_are_passed(config_class):
     """The papers' four optimizer steps per rollout batch are the preset's default, counted in optimizer steps: TRL's

@@ -41,19 +41,26 @@ def masked_means_over_processes(
     mask: torch.Tensor,
     reduce_sum: Callable[[torch.Tensor], torch.Tensor],
     per_process: Mapping[str, torch.Tensor] | None = None,
+    active_rows: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Means of a micro-batch's loss metrics over all processes, in one collective.
 
     ``values``: ``(B, T)`` per-token values, averaged over the tokens where ``mask`` is 1, or ``(B, 1)`` per-sequence
     values, averaged over the sequences (TRL's metrics, e.g. ``entropy``, ``clip_ratio/*``); ``per_process``: one
-    scalar per process, averaged over processes (``policy_loss``). ``reduce_sum`` sums a tensor over processes
+    scalar per process, averaged over processes (``policy_loss``). ``active_rows`` (``(B,)``, 1 or 0): the sequences
+    a per-sequence value is averaged over, where group selection dropped some (their rows train nothing; TRL, which
+    drops none, averages over every row, as ``None`` does). ``reduce_sum`` sums a tensor over processes
     (``accelerator.reduce(..., reduction="sum")``); it is called once, so every process must pass the same keys."""
     per_process = per_process or {}
     rows, names = [], []
     for name, value in values.items():
         value = value.float()
         if value.shape[-1] == 1 and mask.shape[-1] != 1:  # one value per sequence
-            rows.append(torch.stack([value.sum(), torch.tensor(float(value.shape[0]), device=value.device)]))
+            if active_rows is None:
+                rows.append(torch.stack([value.sum(), torch.tensor(float(value.shape[0]), device=value.device)]))
+            else:
+                weight = active_rows.to(value.dtype).reshape(value.shape)
+                rows.append(torch.stack([(value * weight).sum(), weight.sum()]))
         else:
             rows.append(torch.stack([(value * mask).sum(), mask.sum().float()]))
         names.append(name)

@@ -51,6 +51,10 @@ class ReinforcePPConfig(ReasoningConfig):
       batch (`--rollout.batch_size` prompts × `--rollout.n_samples_per_prompt`). OpenRLHF's loss is a token mean per
       optimizer step (`--train.batch_size`); here `token_mean` over the generation batch, the same when each
       generation batch is one optimizer step (TRL's default).
+    - OpenRLHF trains each rollout batch in several optimizer steps (its `reinforce_baseline` example script:
+      192 prompts × 8 samples a rollout, updates of 192 samples, so eight per rollout), where the clip acts from
+      the second one. The preset keeps TRL's one optimizer step per generation batch, where the ratio is 1 and the
+      clip does not act; set `steps_per_generation` (micro-batches) to train each generation batch in several steps.
     - The return is undiscounted (γ = 1), OpenRLHF's default `--algo.advantage.gamma 1` (which it forces for
       `reinforce_baseline`); no other γ is offered.
     - The paper gives no group size; the preset keeps TRL's `num_generations=8` (OpenRLHF's reasoning script samples

@@ -676,7 +676,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather(aux_loss.detach()).mean().item())
-        self._log_loss_metrics(mode, mask, entropies, stats, policy_loss, per_token_kl)
+        self._log_loss_metrics(mode, mask, entropies, stats, policy_loss, per_token_kl, inputs.get("row_active"))
         return loss
 
     def _with_loss_side_correction(self, inputs, per_token_logps, mode: str) -> dict:
@@ -866,8 +866,9 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
         return coef * mean_entropy
 
-    def _log_loss_metrics(self, mode, mask, entropies, stats, policy_loss, per_token_kl) -> None:
-        """Metrics of one micro-batch, averaged over processes in one collective (every rank passes the same keys)."""
+    def _log_loss_metrics(self, mode, mask, entropies, stats, policy_loss, per_token_kl, row_active=None) -> None:
+        """Metrics of one micro-batch, averaged over processes in one collective (every rank passes the same keys);
+        a per-sequence metric (GSPO's clip fractions) over the rows that train (``row_active``)."""
         values = {"entropy": entropies}
         if per_token_kl is not None:
             values["kl"] = per_token_kl
@@ -879,6 +880,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             mask,
             lambda totals: self.accelerator.reduce(totals, reduction="sum"),
             per_process={"policy_loss": policy_loss},
+            active_rows=row_active,
         )
         for key, value in means.items():
             self._metrics[mode][key].append(value)
