@@ -660,8 +660,7 @@ class ReasoningConfig(GRPOConfig):
                     != ReasoningConfig.__dataclass_fields__[name].default
                 )
                 way_out = (
-                    f"pass {name}=None to take loss_type's ({name}={value!r} is {type(self).__name__}'s default, not "
-                    "a value you set)"
+                    f"pass {name}=None to take loss_type's ({name}={value!r} is {type(self).__name__}'s default)"
                     if preset_value
                     else f"drop {name}"
                 )
