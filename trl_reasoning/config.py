@@ -534,9 +534,13 @@ class ReasoningConfig(GRPOConfig):
         )
         # A value given in Python gets the conversion TRL's YAML/CLI parsing applies (never a truthy "false").
         coerce_field_types(self)
+        if steps_in_updates is not None and self.generation_batch_size is not None:
+            # the user's generation batch replaces the preset's updates (TRL refuses both): the card shows the change
+            self.steps_per_generation = None
         passed = {item.name: getattr(self, item.name) for item in dataclasses.fields(self) if item.init}
-        if steps_in_updates is not None:
-            self._resolve_optimizer_steps_per_generation(int(steps_in_updates))
+        if steps_in_updates is not None and self.steps_per_generation is not None:
+            # the preset's updates in TRL's unit, derived (the card does not list it as a change)
+            self.steps_per_generation = int(steps_in_updates) * self.gradient_accumulation_steps
         self._resolve_loss()
         self._resolve_advantage_estimator()
         self._validate_reasoning_fields()
@@ -553,15 +557,6 @@ class ReasoningConfig(GRPOConfig):
         # The model card tells what the user set from what __post_init__ derived, without building a config later
         # (building one mid-training resets accelerate's global state).
         record_derived_values(self, passed)
-
-    def _resolve_optimizer_steps_per_generation(self, updates: int) -> None:
-        """A preset's ``updates`` optimizer steps per rollout batch ([`OptimizerStepsPerGeneration`]) in TRL's unit:
-        ``updates * gradient_accumulation_steps`` micro-batches; none when the user sets ``generation_batch_size``,
-        from which TRL derives ``steps_per_generation`` (it refuses both)."""
-        if self.generation_batch_size is not None:
-            self.steps_per_generation = None
-        else:
-            self.steps_per_generation = updates * self.gradient_accumulation_steps
 
     def _preset_group_size_error(self, error: ValueError) -> ValueError:
         """TRL's "must be divisible by num_generations" names a group size the user may never have set: a preset's

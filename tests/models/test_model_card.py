@@ -45,6 +45,10 @@ def test_a_batch_field_a_preset_sets_is_a_setting_and_one_trl_derives_is_not(tmp
     minibatches: a run that trains otherwise says so on its card."""
     kwargs = cpu_config_kwargs(output_dir=str(tmp_path))
     assert "steps_per_generation" not in non_default_settings(GSPOConfig(**kwargs))
+    # four updates under accumulation are still the preset's (16 micro-batches derived from its 4), not a change
+    accumulated = GSPOConfig(**kwargs, gradient_accumulation_steps=4)
+    assert accumulated.steps_per_generation == 16
+    assert "steps_per_generation" not in non_default_settings(accumulated)
     assert non_default_settings(GSPOConfig(**kwargs, steps_per_generation=1))["steps_per_generation"] == (1, 4)
     assert non_default_settings(GSPOConfig(**kwargs, generation_batch_size=16))["steps_per_generation"] == (2, 4)
     assert "steps_per_generation" not in non_default_settings(DAPOConfig(**kwargs, generation_batch_size=16))
