@@ -298,6 +298,12 @@ class ReferenceReset(TrainerCallback):
         self.state = state
 
 
+def shards_the_reference(host: ReferenceResetHost) -> bool:
+    """Whether the run shards the reference model and the optimizer's state (DeepSpeed or FSDP), which a reset
+    cannot copy into or clear."""
+    return bool(getattr(host, "is_deepspeed_enabled", False) or getattr(host, "is_fsdp_enabled", False))
+
+
 def reference_kept_on_resume(host: ReferenceResetHost, checkpoint: str | os.PathLike) -> ReferenceReset | None:
     """For a run resumed with neither reset field set from a checkpoint whose run reset its reference: a
     :class:`ReferenceReset` that never resets, so the run goes on against the reference the checkpoint saved (not the
@@ -306,7 +312,7 @@ def reference_kept_on_resume(host: ReferenceResetHost, checkpoint: str | os.Path
     state = read_reset_state(checkpoint)
     if state is None or not state.resets or host.beta == 0.0:
         return None
-    if getattr(host, "is_deepspeed_enabled", False) or getattr(host, "is_fsdp_enabled", False):
+    if shards_the_reference(host):
         warnings.warn(
             f"{checkpoint} records {state.resets} reference reset(s), but this run (DeepSpeed or FSDP) cannot load a "
             "reference into its sharded reference model: it trains against the reference TRL built from the initial "
@@ -332,7 +338,7 @@ def reference_reset_for(host: ReferenceResetHost) -> ReferenceReset | None:
     every, threshold = getattr(args, "reference_reset_steps", None), getattr(args, "reference_reset_kl", None)
     if every is None and threshold is None:
         return None
-    if getattr(host, "is_deepspeed_enabled", False) or getattr(host, "is_fsdp_enabled", False):
+    if shards_the_reference(host):
         raise ReferenceResetError(
             f"reference_reset_steps={every} / reference_reset_kl={threshold}: the reference reset is not supported "
             "with DeepSpeed or FSDP, which shard the reference model and the optimizer's state. Train with DDP (or "
