@@ -12,7 +12,9 @@ the usual approximation that leaves attention's quadratic term out. Usage (needs
     python bench/gpu.py [--sessions 3] [--steps 20] [--length 512] [--peak-tflops 989]
     python bench/gpu.py --smoke   # the same code on a CPU with a tiny model: checks the script runs, not a result
 
-This script has not run on a GPU yet: this project has had no GPU (see README, "Not yet here").
+It ran on one H200 on 2026-11-27 (bench/RESULTS.md, "GPU: overhead and DPPO top-K on a 0.5B Qwen2"). Each row is
+printed as soon as it is measured, so a run stopped by a time limit still shows what it measured; ``--rows`` and
+``--topk`` pick the rows (``--topk`` alone skips the top-K table).
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ SMOKE = dict(
 )
 #: Dense bf16 peak TFLOP/s by device name fragment (vendor data sheets, SXM parts).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+#: The overhead rows: bench/overhead.py's, and ScaleRL trained synchronously (its preset default is asynchronous
+#: rollouts, which TRL's counterpart does not do), which tells the cost of the preset from the cost of the pipeline.
+ROWS = {
+    **PAIRS,
+    "ScaleRL, synchronous": ("ScaleRL", {"async_rollouts": False}, *PAIRS["ScaleRL"][2:]),
+}
 TOPK_CONFIGS = {
     "DPPO topk_tv": ("DPPO", {"dppo_divergence": "topk_tv"}),
     "DPPO binary_tv": ("DPPO", {"dppo_divergence": "binary_tv"}),
@@ -183,7 +191,14 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each session left out")
     parser.add_argument("--batch", type=int, default=16, help="completions per step")
     parser.add_argument("--length", type=int, default=512, help="completion length in tokens")
-    parser.add_argument("--rows", nargs="*", default=list(PAIRS), choices=list(PAIRS))
+    parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument(
+        "--topk",
+        nargs="*",
+        default=list(TOPK_CONFIGS),
+        choices=list(TOPK_CONFIGS),
+        help="DPPO top-K rows (none: skip)",
+    )
     parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak (default: by device name)")
     parser.add_argument("--smoke", action="store_true", help="tiny model on a CPU: checks the script runs")
     options = parser.parse_args(argv)
@@ -201,14 +216,21 @@ def main(argv: list[str] | None = None) -> str:
         f"{device}: random Qwen2 ({parameters / 1e6:.0f}M parameters, bf16 unless smoke), {options.batch} completions"
         f" x {options.length} tokens per step, rollout_func (no generation)."
     )
-    lines = [
+    lines: list[str] = []
+
+    def emit(*new: str) -> None:
+        # Each row is printed as soon as it is measured: a run cut short by a time limit still shows what it measured.
+        lines.extend(new)
+        print("\n".join(new), flush=True)
+
+    emit(
         header,
         "",
         "| trainer | TRL counterpart | tokens/s ours | tokens/s TRL | MFU ours | MFU TRL | time ratio [95% CI] |",
         "|---|---|---|---|---|---|---|",
-    ]
+    )
     for row in options.rows:
-        ours, our_overrides, theirs, their_overrides, _ = PAIRS[row]
+        ours, our_overrides, theirs, their_overrides, _ = ROWS[row]
         sides = {
             "ours": (trainer_classes(ours), our_overrides),
             "trl": (trainer_classes(f"trl.{theirs}"), their_overrides),
@@ -219,17 +241,18 @@ def main(argv: list[str] | None = None) -> str:
         ratio = ratio_interval(paired_logs(times["ours"], times["trl"]))
         rate = {side: tokens / statistics.median(t for session in times[side] for t in session) for side in times}
         mfu = {side: 6 * parameters * rate[side] / peak for side in rate}
-        lines.append(
-            f"| {ours} | {theirs}Trainer {', '.join(f'{k}={v}' for k, v in their_overrides.items())} | "
+        emit(
+            f"| {ours if row in PAIRS else row} | {theirs}Trainer {', '.join(f'{k}={v}' for k, v in their_overrides.items())} | "
             f"{rate['ours']:.0f} | {rate['trl']:.0f} | {mfu['ours']:.1%} | {mfu['trl']:.1%} | "
             f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] |"
         )
-    lines += ["", "| DPPO top-K | tokens/s | peak CUDA MiB |", "|---|---|---|"]
-    for name, (preset, overrides) in TOPK_CONFIGS.items():
+    if options.topk:
+        emit("", "| DPPO top-K | tokens/s | peak CUDA MiB |", "|---|---|---|")
+    for name in options.topk:
+        preset, overrides = TOPK_CONFIGS[name]
         seconds, memory, tokens = timed_run(trainer_classes(preset), overrides, model_path, options)
-        lines.append(f"| {name} | {tokens / seconds:.0f} | {memory:.0f} |")
+        emit(f"| {name} | {tokens / seconds:.0f} | {memory:.0f} |")
     table = "\n".join(lines)
-    print(table)
     if not options.smoke:
         record("GPU: overhead and DPPO top-K on a 0.5B Qwen2", table)
     return table

@@ -129,8 +129,7 @@ def test_math_reward_bench_quick():
 
 
 def test_gpu_bench_smoke_and_its_cuda_requirement():
-    """bench/gpu.py has not run on a GPU here; its code runs on a CPU in smoke mode, and without --smoke it needs
-    CUDA."""
+    """bench/gpu.py runs on a CPU in smoke mode (its code, not a result), and without --smoke it needs CUDA."""
     gpu = _load("gpu")
     table = gpu.main(["--smoke"])
     assert "| DAPO | GRPOTrainer loss_type=dapo" in table and "| DPPO topk_tv |" in table

@@ -40,6 +40,33 @@ def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter
     return {name: param for name, param in model.named_parameters() if param.requires_grad}
 
 
+def host_snapshot(params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of ``params`` in CPU memory, by name.
+
+    A tensor on a CUDA device is copied into page-locked (pinned) memory, every copy queued and then waited for once.
+    On an H200 with a 0.5B model in bf16 (``bench/gpu.py``), a fresh pageable copy of each tensor, each waited for,
+    cost about 1.4 s at every step and made ScaleRL's asynchronous rollouts 6.4x slower than TRL's synchronous step.
+    Pinned memory costs as much to allocate, but only for the first ``k + 1`` snapshots: PyTorch's pinned-memory cache
+    hands a dropped snapshot's memory to the next one, and from then on the copy runs at the bus's speed. Other tensors
+    (on a CPU, or sharded ones) are copied as before.
+    """
+    snapshot: dict[str, torch.Tensor] = {}
+    devices: set[torch.device] = set()
+    for name, tensor in params.items():
+        tensor = tensor.detach()
+        if tensor.is_cuda and type(tensor) is torch.Tensor:
+            copy = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            copy.copy_(tensor, non_blocking=True)
+            devices.add(tensor.device)
+        else:
+            copy = tensor.to("cpu", copy=True)
+        snapshot[name] = copy
+    for device in devices:
+        # The snapshot is read on the CPU too (a checkpoint, a worker process): the queued copies must have landed.
+        torch.cuda.current_stream(device).synchronize()
+    return snapshot
+
+
 @contextlib.contextmanager
 def weights_swapped_in(params: dict[str, torch.nn.Parameter], weights: Mapping[str, torch.Tensor]) -> Iterator[None]:
     """Within the block, ``params`` hold ``weights`` (a snapshot of them); afterwards, exactly what they held before."""
@@ -52,7 +79,9 @@ def weights_swapped_in(params: dict[str, torch.nn.Parameter], weights: Mapping[s
     current = {name: param.detach().clone() for name, param in params.items()}
     with torch.no_grad():
         for name, param in params.items():
-            param.copy_(weights[name].to(param.device, param.dtype))
+            # Queued, not waited for: from a pinned snapshot (host_snapshot) each copy runs in order on the stream
+            # that reads the weights next, so nothing is gained by a wait per tensor.
+            param.copy_(weights[name], non_blocking=True)
     try:
         yield
     finally:
@@ -136,7 +165,7 @@ class BehaviourWeights:
 
     def keep(self, step: int, params: dict[str, torch.Tensor]) -> None:
         """Snapshot ``params`` as the weights of generation ``step`` (a later batch is sampled with them)."""
-        self._snapshots[step] = {name: tensor.detach().to("cpu", copy=True) for name, tensor in params.items()}
+        self._snapshots[step] = host_snapshot(params)
 
     def restart(self, first_step: int) -> None:
         """The pipeline starts again from the weights of generation step ``first_step`` (the current or the next

@@ -550,7 +550,9 @@ class Rollout:
         host._metrics["train"]["group_selection/retirement_suspended"].append(1.0)
         self.retirement_off = True
         scored = task_rewards[~torch.isnan(task_rewards)]
-        example = scored[~torch.isin(scored, torch.tensor([-1.0, 0.0, 1.0], dtype=scored.dtype))][:1].tolist()
+        example = scored[
+            ~torch.isin(scored, torch.tensor([-1.0, 0.0, 1.0], dtype=scored.dtype, device=scored.device))
+        ][:1].tolist()
         names = [n for n, on in zip(host.reward_func_names, self.task_reward_columns.tolist(), strict=True) if on]
         warnings.warn(
             f"No-positive-resampling (positive_resampling_threshold={host.args.positive_resampling_threshold}) "
