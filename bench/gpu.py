@@ -184,6 +184,26 @@ def peak_tflops(options) -> float:
     raise SystemExit(f"Unknown peak bf16 TFLOP/s for {name!r}: pass --peak-tflops.")
 
 
+def overhead_row(row: str, model_path: str, parameters: int, peak: float, options, emit) -> None:
+    """One overhead row: both sides trained in turns, their tokens/s, MFU and paired time ratio, passed to ``emit``."""
+    ours, our_overrides, theirs, their_overrides, _ = ROWS[row]
+    if theirs == "RLOO":  # TRL's RLOOTrainer takes no rollout_func: not a like-for-like training-only row
+        return
+    sides = {
+        "ours": (trainer_classes(ours), our_overrides),
+        "trl": (trainer_classes(f"trl.{theirs}"), their_overrides),
+    }
+    times, tokens = interleaved_times(sides, model_path, options)
+    ratio = ratio_interval(paired_logs(times["ours"], times["trl"]))
+    rate = {side: tokens / statistics.median(t for session in times[side] for t in session) for side in times}
+    mfu = {side: 6 * parameters * rate[side] / peak for side in rate}
+    counterpart = f"{theirs}Trainer {', '.join(f'{k}={v}' for k, v in their_overrides.items())}"
+    emit(
+        f"| {ours if row in PAIRS else row} | {counterpart} | {rate['ours']:.0f} | {rate['trl']:.0f} | "
+        f"{mfu['ours']:.1%} | {mfu['trl']:.1%} | {ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] |"
+    )
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=3, help="fresh trainer pairs per overhead row")
@@ -230,22 +250,7 @@ def main(argv: list[str] | None = None) -> str:
         "|---|---|---|---|---|---|---|",
     )
     for row in options.rows:
-        ours, our_overrides, theirs, their_overrides, _ = ROWS[row]
-        sides = {
-            "ours": (trainer_classes(ours), our_overrides),
-            "trl": (trainer_classes(f"trl.{theirs}"), their_overrides),
-        }
-        if theirs == "RLOO":  # TRL's RLOOTrainer takes no rollout_func: not a like-for-like training-only row
-            continue
-        times, tokens = interleaved_times(sides, model_path, options)
-        ratio = ratio_interval(paired_logs(times["ours"], times["trl"]))
-        rate = {side: tokens / statistics.median(t for session in times[side] for t in session) for side in times}
-        mfu = {side: 6 * parameters * rate[side] / peak for side in rate}
-        emit(
-            f"| {ours if row in PAIRS else row} | {theirs}Trainer {', '.join(f'{k}={v}' for k, v in their_overrides.items())} | "
-            f"{rate['ours']:.0f} | {rate['trl']:.0f} | {mfu['ours']:.1%} | {mfu['trl']:.1%} | "
-            f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] |"
-        )
+        overhead_row(row, model_path, parameters, peak, options, emit)
     if options.topk:
         emit("", "| DPPO top-K | tokens/s | peak CUDA MiB |", "|---|---|---|")
     for name in options.topk:
