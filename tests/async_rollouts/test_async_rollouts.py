@@ -70,7 +70,7 @@ def test_a_snapshot_is_a_copy_that_later_steps_do_not_change():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_cuda_snapshot_is_pinned_and_swaps_in_and_back():  # pragma: no cover - GPU only
-    # From a GPU the snapshot goes to page-locked memory with the copies queued (a pageable copy a tensor took ~1.4 s a
+    # From a GPU the snapshot goes to page-locked memory with the copies queued (a pageable copy a tensor took ~1.5 s a
     # step for a 0.5B model on an H200): it must still hold exactly the weights, in and out of the model.
     params = {f"w{i}": torch.nn.Parameter(torch.randn(64, 33, device="cuda", dtype=torch.bfloat16)) for i in range(4)}
     before = {name: p.detach().clone() for name, p in params.items()}

@@ -45,7 +45,7 @@ def host_snapshot(params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
     A tensor on a CUDA device is copied into page-locked (pinned) memory, every copy queued and then waited for once.
     On an H200 with a 0.5B model in bf16 (``bench/gpu.py``), a fresh pageable copy of each tensor, each waited for,
-    cost about 1.4 s at every step and made ScaleRL's asynchronous rollouts 6.4x slower than TRL's synchronous step.
+    cost about 1.5 s at every step and made ScaleRL's asynchronous rollouts 6.4x slower than TRL's synchronous step.
     Pinned memory costs as much to allocate, but only for the first ``k + 1`` snapshots: PyTorch's pinned-memory cache
     hands a dropped snapshot's memory to the next one, and from then on the copy runs at the bus's speed. Other tensors
     (on a CPU, or sharded ones) are copied as before.
