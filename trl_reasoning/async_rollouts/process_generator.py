@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..algorithms.async_generators import MORE_OR_LESS_THAN_ONE_GENERATION
+from .behaviour import host_snapshot
 from .generators import (
     A_ROLLOUT_FUNC,
     AheadRun,
@@ -216,9 +217,12 @@ def padded_batch(
 def packed(weights: dict[str, torch.Tensor]) -> dict[str, Any]:
     """``weights`` as one flat shared-memory tensor per dtype, with each tensor's name and shape: one shared block (one
     file descriptor) per job instead of one per tensor, whose count would grow with the model and ``max_staleness``."""
+    # Weights on a GPU cross as one snapshot (pinned, queued, waited for once), as the in-process pipeline keeps them;
+    # weights already on the CPU are read where they are: the concatenation below copies them anyway.
+    on_host = host_snapshot({name: tensor for name, tensor in weights.items() if tensor.is_cuda})
     groups: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
     for name, tensor in weights.items():
-        groups.setdefault(tensor.dtype, []).append((name, tensor.detach().to("cpu")))
+        groups.setdefault(tensor.dtype, []).append((name, on_host.get(name, tensor.detach())))
     return {
         "flat": [torch.cat([t.reshape(-1) for _, t in items]).share_memory_() for items in groups.values()],
         "layout": [[(name, tuple(t.shape)) for name, t in items] for items in groups.values()],
