@@ -294,6 +294,19 @@ class ReasoningConfig(GRPOConfig):
             counted in `nonfinite_loss/skipped_steps` and warned about; more than this many consecutive skipped steps
             stop training with a `NonFiniteLossError`. `0` stops at the first one.
 
+        > Parameters of padding-free training
+
+        padding_free (`bool` or `None`, *optional*, defaults to `None`):
+            Run every forward of a step (the loss's, `π_old`'s, the reference's, the behaviour policy's, DPPO's top-K)
+            on the real tokens only: sequences packed end to end, positions restarting per sequence, attention kept
+            inside each; log-probs, losses and gradients equal the padded forward's up to rounding. `None`: on for a
+            text-only model with rotary position embeddings (Llama, Qwen, Mistral, Gemma, ...), off elsewhere; `True`
+            refuses a model it cannot pack; `False` keeps TRL's padded forwards (docs/padding-free.md).
+        padding_free_token_budget (`int` or `None`, *optional*, defaults to `None`):
+            The most real tokens one packed forward without gradient holds (`π_old`, the reference, the behaviour
+            policy, the rollout top-K). `None`: `per_device_train_batch_size` rows of the padded length, the bound of
+            TRL's padded chunks. The loss's forward packs its whole micro-batch, as TRL runs it in one.
+
         > Parameters of the reference reset
 
         reference_reset_steps (`int` or `None`, *optional*, defaults to `None`):
@@ -510,6 +523,17 @@ class ReasoningConfig(GRPOConfig):
             "help": "Remove (with a warning naming them) prompts that cannot fit the model's context with "
             "max_completion_length; False = an error at construction."
         },
+    )
+    padding_free: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Pack each forward's sequences end to end so that no forward computes padding (exact up to "
+            "rounding). None = on where the model allows it; False = TRL's padded forwards."
+        },
+    )
+    padding_free_token_budget: int | None = field(
+        default=None,
+        metadata={"help": "Padding-free: the most real tokens one no-grad forward packs. None = TRL's chunk bound."},
     )
     reference_reset_steps: int | None = field(
         default=None,
@@ -771,7 +795,14 @@ class ReasoningConfig(GRPOConfig):
         self._validate_ordering()
         self._resolve_overlong_cache_length()
         self._validate_reference_reset()
+        self._validate_padding_free()
         self._validate_variants()
+
+    def _validate_padding_free(self) -> None:
+        """``padding_free_token_budget``'s value (types are coerced before; the trainer checks the model)."""
+        budget = self.padding_free_token_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"padding_free_token_budget must be a positive integer (tokens) or None, got {budget!r}.")
 
     def _validate_reference_reset(self) -> None:
         """``reference_reset_steps`` and ``reference_reset_kl``: their values, and a reference to reset (``beta != 0``,

@@ -1,7 +1,8 @@
 """Sharded-training worker (run under torchrun with two gloo processes): DAPO with dynamic sampling and DPPO with the
 top-K TV divergence, three steps each with a checkpoint at step 2 that a fresh trainer then resumes from, under
 each strategy: ``ddp``, ``zero2``, ``zero3`` (DeepSpeed, parameters
-really partitioned) or ``fsdp2``.
+really partitioned) or ``fsdp2``, all with padding-free forwards (``padding_free``'s default), and ``ddp_padded``: DDP
+with TRL's padded forwards, the reference the packed runs must match.
 
 Usage: ``torchrun --nproc_per_node 2 tests/journeys/sharded_worker.py STRATEGIES MODEL_PATH OUT_DIR`` with
 STRATEGIES comma-separated (``ddp,zero2,zero3,fsdp2``): one launch runs them in turn, resetting accelerate's and
@@ -35,6 +36,8 @@ from _sharding import reset_strategy_state, strategy_kwargs  # noqa: E402
 from two_process_worker import TWO_PROCESS_RUN  # noqa: E402
 from two_process_worker import fixed_or_open_reward as reward  # noqa: E402  ("fixed …" scores 1, "open …" varies)
 
+#: DDP with ``padding_free=False``: TRL's padded forwards, which every packed strategy must reproduce.
+PADDED = "ddp_padded"
 MAX_STEPS = 3
 RESUME_FROM = 2  # a checkpoint at step 2; a fresh trainer resumes from it and trains step 3 again
 TEXTS = ["fixed 0", "open 0", "fixed 1", "open 1", "open 2", "fixed 2", "open 3", "open 4"]
@@ -67,7 +70,7 @@ def run(strategy: str, preset: str, model_path: str, out_dir: str, environment: 
     def make_trainer():
         args = config_cls(
             **cpu_config_kwargs(save_strategy="steps", save_steps=RESUME_FROM),
-            **strategy_kwargs(strategy),
+            **(strategy_kwargs("ddp") | {"padding_free": False} if strategy == PADDED else strategy_kwargs(strategy)),
             output_dir=os.path.join(out_dir, strategy, preset),
             max_steps=MAX_STEPS,
             **TWO_PROCESS_RUN,
@@ -88,6 +91,7 @@ def run(strategy: str, preset: str, model_path: str, out_dir: str, environment: 
         "losses": [e["loss"] for e in history if "loss" in e],
         "rewards": [e["reward"] for e in history if "reward" in e],
         "lm_head_from_hidden": trainer._lm_head_from_hidden,
+        "padding_free": trainer.packing.enabled,
         "head_inside_forward": trainer._sharded_lm_head(trainer.model_wrapped) is not None,
         "moved": max((final[n] - initial[n]).abs().max().item() for n in final),
         "parameters": final,

@@ -1,8 +1,9 @@
 """Journey: past one process for real. Two gloo processes train DAPO (dynamic sampling) and DPPO (top-K TV) for three
 steps, saving a checkpoint at step 2 that a fresh trainer resumes from, under DDP, DeepSpeed ZeRO-2, DeepSpeed ZeRO-3 (every parameter partitioned) and FSDP2 (forced onto the CPU, see
-``sharded_worker.force_fsdp_on_cpu``), from the same seed. Every sharded run must take the same decisions and losses
-as DDP and end with the same parameters (float32 reduction order aside), and DPPO's top-K must not fall back to the
-``[B, T, vocab]`` logits when the LM head is sharded.
+``sharded_worker.force_fsdp_on_cpu``), from the same seed, with padding-free forwards (the default). Every sharded run
+must take the same decisions and losses as DDP and end with the same parameters (float32 reduction order aside), every
+packed run must match DDP with TRL's padded forwards (``padding_free=False``), and DPPO's top-K must not fall back to
+the ``[B, T, vocab]`` logits when the LM head is sharded.
 
 Run alone with ``pytest -m sharded``. Needs DeepSpeed (in the ``test`` extra); skipped without it.
 """
@@ -19,6 +20,7 @@ from conftest import run_torchrun
 from trl_reasoning.trainer.guards import LaunchWarning, warn_if_fsdp_not_applied
 
 WORKER = Path(__file__).with_name("sharded_worker.py")
+PADDED = "ddp_padded"  # sharded_worker.PADDED: DDP with padding_free=False
 STRATEGIES = ("ddp", "zero2", "zero3", "fsdp2")
 PRESETS = ("DAPO", "DPPO")
 #: Largest parameter difference from the DDP run after three steps (lr 1e-2): the strategies sum gradients in another
@@ -31,10 +33,10 @@ def runs(tiny_model_path, tmp_path_factory) -> dict[str, dict[str, dict]]:
     pytest.importorskip("deepspeed")
     out_dir = tmp_path_factory.mktemp("sharded")
     # One launch runs every strategy in turn (the worker resets the process-wide state between them).
-    run_torchrun(WORKER, ",".join(STRATEGIES), tiny_model_path, str(out_dir))
+    run_torchrun(WORKER, ",".join((*STRATEGIES, PADDED)), tiny_model_path, str(out_dir))
     reports = {
         strategy: {preset: torch.load(out_dir / strategy / f"{preset}.pt", weights_only=False) for preset in PRESETS}
-        for strategy in STRATEGIES
+        for strategy in (*STRATEGIES, PADDED)
     }
     return reports
 
@@ -57,6 +59,24 @@ def test_sharded_training_matches_ddp(strategy, preset, runs):
     assert sharded["losses"] == pytest.approx(ddp["losses"], rel=1e-4, abs=1e-6)
     assert sharded["moved"] > 1e-3  # the steps did train
     difference = max((sharded["parameters"][n] - ddp["parameters"][n]).abs().max().item() for n in ddp["parameters"])
+    assert difference < PARAMETER_TOLERANCE
+
+
+@pytest.mark.journey
+@pytest.mark.slow
+@pytest.mark.sharded
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_padding_free_training_matches_the_padded_run(strategy, preset, runs):
+    """Packed forwards (ZeRO-3 and FSDP2: the same number of forwards on every process, the top-K head inside the
+    forward) train as TRL's padded ones: same rewards, losses and parameters as DDP with ``padding_free=False``."""
+    padded, packed = runs[PADDED][preset], runs[strategy][preset]
+    assert packed["padding_free"] and not padded["padding_free"]
+    assert packed["rewards"] == padded["rewards"]
+    assert packed["losses"] == pytest.approx(padded["losses"], rel=1e-4, abs=1e-6)
+    difference = max(
+        (packed["parameters"][n] - padded["parameters"][n]).abs().max().item() for n in padded["parameters"]
+    )
     assert difference < PARAMETER_TOLERANCE
 
 

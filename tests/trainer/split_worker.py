@@ -63,7 +63,9 @@ class CaptureGradients(TrainerCallback):
             self.gradients = torch.cat([p.grad.detach().flatten() for p in model.parameters() if p.grad is not None])
 
 
-def gradients(model_path: str, per_device: int, grad_accum: int, output_dir: str) -> dict[str, torch.Tensor]:
+def gradients(
+    model_path: str, per_device: int, grad_accum: int, output_dir: str, padding_free: bool | None = None
+) -> dict[str, torch.Tensor]:
     from datasets import Dataset
 
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"q{i}"}]} for i in range(8)])
@@ -84,6 +86,7 @@ def gradients(model_path: str, per_device: int, grad_accum: int, output_dir: str
             loss_aggregation=aggregation,
             epsilon_high=5.0 if policy_loss == "cispo" else None,
             overlong_cache_length=4,  # shaping uses the gathered lengths: part of what must not depend on the split
+            padding_free=padding_free,
         )
         trainer = tr.ReasoningTrainer(
             model=model_path,

@@ -9,6 +9,7 @@ from peft import LoraConfig
 
 import trl_reasoning as tr
 from trl_reasoning.algorithms.losses import compute_policy_loss, topk_divergence
+from trl_reasoning.models.packing import PaddedRows
 
 
 def _trainer(model_path, tmp_path, **overrides):
@@ -32,11 +33,13 @@ def test_generation_stores_the_rollout_top_k(tiny_model_path, tmp_path, divergen
         logits = trainer.model(input_ids=input_ids, attention_mask=mask).logits.double()
     t = completion_ids.shape[1]
     full = torch.log_softmax(logits[:, -t - 1 : -1] / 0.7, dim=-1)
-    torch.testing.assert_close(logps.double(), full.gather(-1, ids), rtol=1e-4, atol=1e-5)
     valid = batch["completion_mask"].bool()
+    # packed (padding_free's default), only the completion tokens are scored; padding holds NaN: no position
+    torch.testing.assert_close(logps.double()[valid], full.gather(-1, ids)[valid], rtol=1e-4, atol=1e-5)
+    assert torch.isnan(logps[~valid]).all()
     assert (ids == completion_ids.unsqueeze(-1)).any(-1)[valid].all()  # the sampled token is always present
     # The memory-bounded path (hidden states x LM head, no [B, T, V] logits) is the one taken for this model.
-    _, head, _ = trainer._final_hidden_states(trainer.model, input_ids, mask, t, False)
+    _, head, _ = trainer._final_hidden_states(trainer.model, PaddedRows(input_ids, mask, t), False)
     assert head is not None
 
 

@@ -169,7 +169,9 @@ def test_without_the_engine_the_model_forward_is_kept(tiny_model_path, tmp_path)
     )
     assert trainer._engine_topk is None
     batch = generate_batch(trainer)
-    assert not torch.isnan(batch["rollout_topk_logps"]).any()  # HF path: finite values everywhere
+    valid = batch["completion_mask"].bool()
+    # HF path: finite values at every completion token (packed, padding holds NaN: no position)
+    assert not torch.isnan(batch["rollout_topk_logps"][valid]).any()
 
 
 def test_asynchronous_rollouts_sync_the_engine_with_the_behaviour_weights(vllm_standin, tiny_model_path, tmp_path):

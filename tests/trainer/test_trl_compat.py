@@ -38,6 +38,7 @@ def test_every_override_is_listed():
         "_load_optimizer_and_scheduler",
         "_generate",
         "_get_per_token_logps_and_entropies",
+        "_prepare_inputs",
     }
     assert overridden <= set(seam.TRL_PRIVATE_API)
 

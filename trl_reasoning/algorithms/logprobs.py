@@ -25,9 +25,22 @@ import torch
 
 from .truncation import SamplingTruncation, support_mask
 
-#: Default number of positions (rows of ``vocab`` logits) processed at once. Scratch is about three
-#: ``[chunk_size, vocab]`` float32 tensors: 3 x 128 x 152k x 4 B = 233 MB for a Qwen-sized vocabulary.
+#: The most positions (rows of ``vocab`` logits) processed at once when ``chunk_size`` is not given.
 DEFAULT_CHUNK_SIZE = 128
+#: TRL's fused LM head projects tiles of at most ``TRL_TILE_POSITIONS`` positions by 32,768 vocabulary columns (float32
+#: scratch, ``trl.kernels.chunked_logprob``). A chunk here keeps about three ``[chunk, vocab]`` float32 temporaries alive,
+#: so its positions are sized to hold a quarter of such a tile's elements each (``chunk_size_for``): the largest tensor
+#: of a step that scores through these functions stays below the one TRL's head allocates for the same positions.
+TRL_TILE_POSITIONS = 4096
+ELEMENTS_PER_POSITION_OF_TILE = 32768 // 4
+
+
+def chunk_size_for(positions: int, vocab: int, most: int = DEFAULT_CHUNK_SIZE) -> int:
+    """Positions per chunk for ``positions`` positions over a ``vocab``-wide vocabulary: at most ``most``, and small
+    enough that one ``[chunk, vocab]`` temporary holds a quarter of the elements of TRL's fused-head tile for the same
+    positions (``min(positions, 4096) x 32768``). With Qwen's 151,936 tokens and 2,056 positions: 110."""
+    budget = min(max(positions, 1), TRL_TILE_POSITIONS) * ELEMENTS_PER_POSITION_OF_TILE
+    return max(1, min(most, budget // max(vocab, 1)))
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -52,11 +65,16 @@ def _chunks(batch: int, length: int, chunk_size: int) -> Iterator[tuple[slice, s
                 yield slice(b, b + 1), slice(t0, min(t0 + chunk_size, length))
 
 
-def _check_args(temperature: float, chunk_size: int) -> None:
+def _check_args(temperature: float, chunk_size: int | None, shape: torch.Size, vocab: int) -> int:
+    """Check the arguments; the positions per chunk (``chunk_size``, or :func:`chunk_size_for` the ``[..., T]``
+    positions of ``shape``)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
+    if chunk_size is None:
+        return chunk_size_for(math.prod(shape[:2]), vocab)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    return chunk_size
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -88,7 +106,7 @@ def rollout_topk(
     sampled_ids: torch.Tensor,
     k: int = 20,
     temperature: float = 1.0,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rollout distribution's top-K token ids and log-probs, the sampled token always among them.
 
@@ -102,13 +120,13 @@ def rollout_topk(
         sampled_ids: ``[B, T]`` integer ids of the sampled completion tokens (valid ids also at padding).
         k: number of tracked tokens (DPPO: 20); clamped to ``V``.
         temperature: the sampling temperature; logits are divided by it (TRL's convention).
-        chunk_size: positions per chunk; peak scratch is ``O(chunk_size * V)``.
+        chunk_size: positions per chunk; peak scratch is ``O(chunk_size * V)``. ``None``: :func:`chunk_size_for`.
 
     Returns:
         ``(ids, logps)``: ``ids`` ``[B, T, K]`` int64, ``logps`` ``[B, T, K]`` float32 (float64 for float64 logits),
         without gradient.
     """
-    _check_args(temperature, chunk_size)
+    chunk_size = _check_args(temperature, chunk_size, logits.shape, logits.shape[-1])
     batch, length, vocab = logits.shape
     k = _resolve_k(k, vocab)
     dtype = _compute_dtype(logits.dtype)
@@ -270,14 +288,14 @@ def rollout_topk_from_hidden(
     lm_head_bias: torch.Tensor | None = None,
     logit_scale: float = 1.0,
     final_logit_softcapping: float | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rollout_topk` from the last hidden states: the ``[B, T, V]`` logits are never formed.
 
     ``logits = softcap(logit_scale * (hidden @ W^T + b))``, as TRL's fused LM head (``add_fused_lm_head``) builds them;
     ``hidden_states`` ``[B, T, H]``, ``lm_head_weight`` ``[V, H]``. Same outputs as :func:`rollout_topk`.
     """
-    _check_args(temperature, chunk_size)
+    chunk_size = _check_args(temperature, chunk_size, hidden_states.shape, lm_head_weight.shape[0])
     batch, length, _ = hidden_states.shape
     vocab = lm_head_weight.shape[0]
     k = _resolve_k(k, vocab)
@@ -460,7 +478,7 @@ def chunked_logps(
     sampled_ids: torch.Tensor,
     topk_ids: torch.Tensor | None = None,
     temperature: float = 1.0,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
     truncation: SamplingTruncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The current policy's log-probs at the sampled ids and at the stored top-K ids, and its entropy, in chunks.
@@ -488,7 +506,7 @@ def chunked_logps(
     Returns:
         ``(logps [B, T], entropy [B, T], topk_logps [B, T, K] or None)``, float32 (float64 for float64 logits).
     """
-    _check_args(temperature, chunk_size)
+    chunk_size = _check_args(temperature, chunk_size, logits.shape, logits.shape[-1])
     _check_truncation(truncation, topk_ids)
     index = _index(sampled_ids, topk_ids, logits.device)
     out, entropy = _GatherLogProbsFromLogits.apply(
@@ -506,7 +524,7 @@ def chunked_logps_from_hidden(
     lm_head_bias: torch.Tensor | None = None,
     logit_scale: float = 1.0,
     final_logit_softcapping: float | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
     truncation: SamplingTruncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """:func:`chunked_logps` from the last hidden states and the LM head: no ``[B, T, V]`` tensor at all.
@@ -516,7 +534,7 @@ def chunked_logps_from_hidden(
     ``hidden_states`` ``[B, T, H]`` and of the weight ``[V, H]``. Gradients flow into ``hidden_states``,
     ``lm_head_weight`` and ``lm_head_bias`` (where they require grad). Same outputs as :func:`chunked_logps`.
     """
-    _check_args(temperature, chunk_size)
+    chunk_size = _check_args(temperature, chunk_size, hidden_states.shape, lm_head_weight.shape[0])
     _check_truncation(truncation, topk_ids)
     index = _index(sampled_ids, topk_ids, hidden_states.device)
     out, entropy = _GatherLogProbsFromHidden.apply(

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..algorithms.async_generators import MORE_OR_LESS_THAN_ONE_GENERATION
+from ..models.varlen_attention import base_implementation
 from .behaviour import host_snapshot
 from .generators import (
     A_ROLLOUT_FUNC,
@@ -139,8 +140,14 @@ def model_recipe(model: torch.nn.Module) -> dict[str, Any]:
     if hasattr(model, "peft_config"):
         peft_config = model.peft_config[model.active_adapter]
         base = model.get_base_model()
+    config = base.config
+    if base_implementation(base) != config._attn_implementation:
+        # the trainer's packed attention (padding_free) is registered in its own process only; the worker generates
+        # unpacked, which is the base implementation's forward
+        config = copy.deepcopy(config)
+        config._attn_implementation_internal = base_implementation(base)
     return {
-        "config": base.config,
+        "config": config,
         # generate() takes every setting the trainer's GenerationConfig leaves unset from the model's own; a model
         # built from its config alone would derive it from the config, where the Trainer has set use_cache=False
         # (a training setting): the worker would then sample without a KV cache, ~5x slower on SmolLM2-135M.

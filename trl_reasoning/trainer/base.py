@@ -73,6 +73,7 @@ from ..utils.user_warnings import user_stacklevel
 from .checkpoints import last_complete_checkpoint
 from .correction import CorrectionHost, ImportanceCorrection, uses_trl_is_ratio
 from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
+from .padding_free import PaddingFree, PaddingFreeHost
 from .prompt_lengths import ContextGuard, render_prompts
 from .reference_reset import reference_kept_on_resume, reference_reset_for
 from .rollout import Rollout, RolloutHost, loss_tokens
@@ -217,10 +218,13 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
         ]
         self._scored_batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        # Padding-free forwards (trainer/padding_free.py): whether the run packs, and the packed forwards.
+        check_rollout_host(self, PaddingFreeHost)
+        self.packing = PaddingFree(self)
         # DPPO's top-K forward (trainer/topk_forward.py; its defaults: LM head from the hidden states, no engine top-K),
-        # reading this trainer only through its protocols.
+        # reading this trainer only through its protocols, packing as the run does.
         check_rollout_host(self, TopKForwardHost, *((TopKEngineHost,) if self.use_vllm else ()))
-        self.topk_forward = TopKForward(self)
+        self.topk_forward = TopKForward(self, self.packing)
         # Where a batch comes from: generation rounds, shaping, group selection, prompt sampling (its state is saved
         # in checkpoints). It and the asynchronous rollouts read this trainer only through their protocols.
         check_rollout_host(self, RolloutHost)
@@ -347,7 +351,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             options = {} if outputs is None else {"outputs": outputs}
             add_fused_lm_head(base, temperature=self.temperature, cast_lm_head_to_fp32=True, **options)
 
-    # ------------------------------------------------------------------ TRL private override 1 of 8
+    # ------------------------------------------------------------------ TRL private override 1 of 9
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if getattr(self.args, "on_reward_error", "raise") == "exclude":
@@ -371,7 +375,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         self._scored_batch = (rewards_per_func, self.accelerator.gather(lengths))
         return rewards_per_func
 
-    # ------------------------------------------------------------------ TRL private override 2 of 8
+    # ------------------------------------------------------------------ TRL private override 2 of 9
     def _generate_and_score_completions(self, inputs):
         """Where a batch comes from is ``self.rollout`` (``trl_reasoning.trainer.rollout``): rounds, shaping, selection."""
         if getattr(self, "rollout", None) is None:  # a trainer not built by __init__ (TRL's tests): TRL's method
@@ -405,7 +409,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         """The importance-sampling correction's weight (``ImportanceCorrection.weight``)."""
         return self.correction.weight(old_logps, sampler_logps, mask)
 
-    # ------------------------------------------------------------------ TRL private override 7 of 8
+    # ------------------------------------------------------------------ TRL private override 7 of 9
     def _generate(self, prompts):
         """TRL's, or with asynchronous rollouts ``AsyncRollouts.generate``: the behaviour policy samples a training
         batch and its log-probabilities are recorded. It assumes no state TRL's method does not (TRL's tests call it
@@ -414,7 +418,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             return super()._generate(prompts)
         return self.async_rollouts.generate(prompts)
 
-    # ------------------------------------------------------------------ TRL private override 8 of 8
+    # ------------------------------------------------------------------ TRL private override 8 of 9
     def _get_per_token_logps_and_entropies(
         self,
         model,
@@ -426,38 +430,19 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         compute_aux_loss=False,
         **forward_inputs,
     ):
-        """TRL's, or with ``truncated_support_scoring`` the log-probs of the sampler's truncated distribution
-        (``TopKForward.logps_on_sampling_support``): every policy TRL scores here (``pi_theta`` in the loss,
-        ``pi_old``, the reference) on its own truncated support, like the sampler's log-probs."""
-        if not getattr(self.args, "truncated_support_scoring", False):  # also a trainer built without __init__
-            return super()._get_per_token_logps_and_entropies(
-                model,
-                input_ids,
-                attention_mask,
-                logits_to_keep,
-                batch_size,
-                compute_entropy,
-                compute_aux_loss,
-                **forward_inputs,
-            )
-        truncation = sampling_truncation(
-            self.args.top_k,
-            self.args.top_p,
-            self.args.min_p,
-            self.args.generation_kwargs,
-            engine="vllm" if self.args.use_vllm else "generate",
-        )
-        return self.topk_forward.logps_on_sampling_support(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            batch_size,
-            compute_entropy,
-            compute_aux_loss,
-            forward_inputs,
-            truncation,
-        )
+        """TRL's, on packed rows with ``padding_free`` (``PaddingFree.logps_and_entropies``), or with
+        ``truncated_support_scoring`` the log-probs of the sampler's truncated distribution
+        (``TopKForward.logps_on_sampling_support``, packed too): every policy TRL scores here (``pi_theta`` in the
+        loss, ``pi_old``, the reference) on its own truncated support, like the sampler's log-probs."""
+        arguments = (model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss)
+        if getattr(self.args, "truncated_support_scoring", False):
+            engine = "vllm" if self.args.use_vllm else "generate"
+            args = self.args
+            truncation = sampling_truncation(args.top_k, args.top_p, args.min_p, args.generation_kwargs, engine=engine)
+            return self.topk_forward.logps_on_sampling_support(*arguments, forward_inputs, truncation)
+        packing = getattr(self, "packing", None)  # None on a trainer built without __init__ (TRL's tests)
+        packed = packing.logps_and_entropies(*arguments, **forward_inputs) if packing is not None else None
+        return packed or super()._get_per_token_logps_and_entropies(*arguments, **forward_inputs)
 
     def trl_generate(self, prompts):
         """TRL's own ``_generate`` (lent to the asynchronous rollouts), its output checked."""
@@ -554,7 +539,18 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             cache[model] = self.accelerator.unwrap_model(model)
         return cache[model]
 
-    # ------------------------------------------------------------------ TRL private override 4 of 8
+    # ------------------------------------------------------------------ TRL private override 9 of 9
+    def _prepare_inputs(self, generation_batch):
+        """TRL's; with ``padding_free`` the micro-batches of a fresh generation batch are rebalanced by real tokens
+        within each optimizer step (``PaddingFree.balanced``: each step's gradient is unchanged)."""
+        buffered = getattr(self, "_buffered_inputs", None)
+        inputs = super()._prepare_inputs(generation_batch)
+        if getattr(self, "packing", None) is None or self._buffered_inputs is buffered or not self.model.training:
+            return inputs  # a trainer built without __init__ (TRL's tests), or no new generation batch here
+        self._buffered_inputs = self.packing.balanced(self._buffered_inputs)
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    # ------------------------------------------------------------------ TRL private override 4 of 9
     def _get_train_sampler(self, dataset=None):
         """TRL's ``RepeatSampler`` order (epoch 0 is the same permutation), made a function of the epoch so that a
         resumed run sees the same prompts, and skipping retired prompts (see ``EpochRepeatSampler``)."""
@@ -570,7 +566,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             shuffle=self.shuffle_dataset,
         )
 
-    # ------------------------------------------------------------------ TRL private overrides 5 and 6 of 8
+    # ------------------------------------------------------------------ TRL private overrides 5 and 6 of 9
     def _save_checkpoint(self, model, trial):
         # The sampling state goes in first, atomically: the Trainer writes trainer_state.json last (then starts the hub
         # push), so a checkpoint whose trainer_state.json reads always holds its whole sampling state.
@@ -651,7 +647,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             )
         return logps
 
-    # ------------------------------------------------------------------ TRL private override 3 of 8
+    # ------------------------------------------------------------------ TRL private override 3 of 9
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
         mask = loss_tokens(inputs)

@@ -22,7 +22,9 @@ small ``[B, T, 2 + K]`` result in place of its logits.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -42,6 +44,8 @@ from ..algorithms.logprobs import (
 )
 from ..algorithms.losses import required_inputs
 from ..algorithms.truncation import SamplingTruncation
+from ..models.packing import PackedRows, PaddedRows
+from ..models.varlen_attention import packed_forward
 from ..utils.checkpointing import activation_checkpointing_disabled
 from ..utils.user_warnings import user_stacklevel
 
@@ -78,6 +82,17 @@ def model_inputs(batch: dict, rows: slice | None = None) -> dict:
         }
         present = unsplit_pixel_values_by_grid(per_row)
     return {key: value for key, value in present.items() if key not in _SLICING_ONLY_KEYS}
+
+
+def _row_index(group: list[int]) -> slice | torch.Tensor:
+    """Rows ``group`` as a slice where they are consecutive (multimodal inputs are cut by slices), else an index."""
+    if group == list(range(group[0], group[-1] + 1)):
+        return slice(group[0], group[-1] + 1)
+    return torch.tensor(group)
+
+
+def _as_index(rows: slice | torch.Tensor) -> torch.Tensor:
+    return torch.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
 
 
 def uses_topk_divergence(args: Any) -> bool:
@@ -119,8 +134,10 @@ class TopKForward:
     A part of ``ReasoningTrainer`` (``trainer.topk_forward``); reads it only through :class:`TopKForwardHost` (and
     :class:`TopKEngineHost` when vLLM generates)."""
 
-    def __init__(self, host: TopKForwardHost) -> None:
+    def __init__(self, host: TopKForwardHost, packing: Any = None) -> None:
         self.host = host
+        # the trainer's padding-free part (trainer/padding_free.py), or None: every forward padded
+        self.packing = packing
         # The engine's top-K per generate call (None: not capturing; appended to by the asynchronous server
         # generator, through the trainer's ``_engine_topk``), and whether the LM head can still be applied to the
         # final hidden states (set False on the first failure).
@@ -131,68 +148,81 @@ class TopKForward:
     def uses_topk_divergence(self) -> bool:
         return uses_topk_divergence(self.host.args)
 
-    def _final_hidden_states(
-        self, model, input_ids, attention_mask, num_completion_tokens, compute_aux_loss, extra_inputs=None
-    ):
+    def layout(self, model, input_ids, attention_mask, num_completion_tokens, extra_inputs=None):
+        """How a forward of these rows runs: packed where the run packs (``PaddingFree.layout``), else padded."""
+        if self.packing is None:
+            return PaddedRows(input_ids, attention_mask, num_completion_tokens)
+        return self.packing.layout(model, input_ids, attention_mask, num_completion_tokens, **(extra_inputs or {}))
+
+    def row_groups(self, attention_mask, batch_size: int) -> list[list[int]]:
+        """The rows of each no-grad forward: the padding-free groups where the run packs, else ``batch_size`` rows."""
+        if self.packing is not None and self.packing.enabled:
+            return self.packing.forward_groups(attention_mask, batch_size)
+        rows = attention_mask.size(0)
+        return [list(range(start, min(start + batch_size, rows))) for start in range(0, rows, batch_size)]
+
+    def _run(self, model, rows, compute_aux_loss: bool, extra_inputs=None, **kwargs):
+        """One model forward of ``rows`` (a padded or packed layout) under the accelerator's autocast."""
+        if compute_aux_loss:
+            kwargs["output_router_logits"] = True
+        packing = packed_forward() if isinstance(rows, PackedRows) else contextlib.nullcontext()
+        with self.host.accelerator.autocast(), packing:
+            return model(**rows.model_inputs(), **kwargs, **(extra_inputs or {}))
+
+    def _final_hidden_states(self, model, rows, compute_aux_loss, extra_inputs=None):
         """One forward that keeps logits for the last position only. Returns the final hidden states of the positions
-        that predict the completion tokens, the LM head as ``(weight, bias, logit_scale, softcap)`` (``None`` when the
-        hidden states do not reproduce the model's logits, e.g. a PEFT adapter on the LM head or an unusual output
-        scaling), the model output (for the aux loss) and the last position's logits. ``extra_inputs``: the
-        multimodal inputs of these rows (:func:`model_inputs`)."""
-        kwargs = {"output_router_logits": True} if compute_aux_loss else {}
-        with self.host.accelerator.autocast():
-            out = model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                output_hidden_states=True,
-                logits_to_keep=1,
-                **kwargs,
-                **(extra_inputs or {}),
-            )
+        that predict the completion tokens (``rows.scoring_states``), the LM head as ``(weight, bias, logit_scale,
+        softcap)`` (``None`` when the hidden states do not reproduce the model's logits: a PEFT adapter on the LM
+        head, an unusual output scaling) and the model output (for the aux loss). ``rows``: the padded or packed
+        layout (:meth:`layout`); ``extra_inputs``: the multimodal inputs of these rows (:func:`model_inputs`)."""
+        out = self._run(model, rows, compute_aux_loss, extra_inputs, output_hidden_states=True, logits_to_keep=1)
         hidden = out.hidden_states[-1]
+        head = self._lm_head_reproducing(model, hidden[:, -1:], out.logits[:, -1:])
+        return rows.scoring_states(hidden), head, out
+
+    def _lm_head_reproducing(self, model, last_hidden, last_logits):
+        """The LM head as ``(weight, bias, logit_scale, softcap)`` when it is a plain linear layer (no adapter) and
+        applying it to the last position's hidden state gives the model's logits there, else ``None``.
+
+        The check is structural first (``torch.nn.Linear`` itself, an unsharded weight), then numeric at the
+        precision of the model's own logits: recomputed from the same hidden state and weight, they differ from the
+        model's by rounding alone (bfloat16 keeps 8 bits: a relative 2**-8), so the tolerance is a few units of the
+        logits' dtype (an exact float32 check failed on every bfloat16 model and fell back to ``[B, T, V]`` logits). What the check exists to catch is far larger: a logit scale
+        or soft-cap the model applies and the head does not, an adapter on the head."""
         head_module = self.host._bare_model(model).get_output_embeddings()
         text_config = self.host._bare_model(model).config.get_text_config()
-        head = None
         weight = getattr(head_module, "weight", None)
         # Only an unsharded head is applied here; a sharded one (ZeRO-3, FSDP) runs inside the forward instead
         # (_sharded_lm_head, checked first). Anything this check rejects takes the logits path.
-        if isinstance(weight, torch.Tensor) and type(head_module) is torch.nn.Linear:
-            scale = getattr(text_config, "logit_scale", None) or 1.0
-            softcap = getattr(text_config, "final_logit_softcapping", None)
-            with torch.no_grad():
-                try:
-                    last = torch.nn.functional.linear(
-                        hidden[:, -1:].float(),
-                        weight.float(),
-                        None if head_module.bias is None else head_module.bias.float(),
-                    )
-                except (RuntimeError, ValueError, TypeError):
-                    last = None
-                if last is not None:
-                    last = last * scale
-                    if softcap is not None:
-                        last = torch.tanh(last / softcap) * softcap
-                    reference = out.logits[:, -1:].float()
-                    tolerance = 1e-3 * reference.abs().max().clamp(min=1).item()
-                    if last.shape == reference.shape and torch.allclose(last, reference, rtol=1e-3, atol=tolerance):
-                        head = (weight, head_module.bias, float(scale), softcap)
-        start = hidden.size(1) - num_completion_tokens - 1
-        return hidden[:, start:-1], head, out
+        if not (isinstance(weight, torch.Tensor) and type(head_module) is torch.nn.Linear):
+            return None
+        scale = getattr(text_config, "logit_scale", None) or 1.0
+        softcap = getattr(text_config, "final_logit_softcapping", None)
+        with torch.no_grad():
+            try:
+                # in the weight's own dtype: a float32 copy of a [vocab, hidden] weight would be the step's largest
+                # tensor (545 MiB for Qwen2.5-0.5B's)
+                last = torch.nn.functional.linear(last_hidden.to(weight.dtype), weight, head_module.bias).float()
+            except (RuntimeError, ValueError, TypeError):
+                return None
+            last = last * scale
+            if softcap is not None:
+                last = torch.tanh(last / softcap) * softcap
+            reference = last_logits.float()
+            if last.shape != reference.shape:
+                return None
+            # a few units in the last place of the logits' dtype (float32's 1e-3 as before, at least)
+            relative = max(1e-3, 4 * torch.finfo(last_logits.dtype).eps)
+            tolerance = relative * reference.abs().max().clamp(min=1).item()
+            if not torch.allclose(last, reference, rtol=relative, atol=tolerance):
+                return None
+        return (weight, head_module.bias, float(scale), softcap)
 
-    def _completion_logits(
-        self, model, input_ids, attention_mask, num_completion_tokens, compute_aux_loss, extra_inputs=None
-    ):
-        """Fallback: the ``[B, T, V]`` logits of the positions that predict the completion tokens (one such tensor)."""
-        kwargs = {"output_router_logits": True} if compute_aux_loss else {}
-        with self.host.accelerator.autocast():
-            out = model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                logits_to_keep=num_completion_tokens + 1,
-                **kwargs,
-                **(extra_inputs or {}),
-            )
-        return out.logits[:, :-1], out
+    def _completion_logits(self, model, rows, compute_aux_loss, extra_inputs=None):
+        """Fallback: the logits of the positions that predict the completion tokens (one ``[B, C, V]`` tensor, or
+        ``[1, M, V]`` packed)."""
+        out = self._run(model, rows, compute_aux_loss, extra_inputs, logits_to_keep=rows.positions_to_keep)
+        return rows.scoring_states(out.logits), out
 
     def _sharded_lm_head(self, model) -> torch.nn.Module | None:
         """The LM head module when its weight is sharded outside the forward (a ZeRO-3 partition, an FSDP unit or
@@ -220,26 +250,16 @@ class TopKForward:
         model,
         head: torch.nn.Module,
         head_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
-        input_ids,
-        attention_mask,
-        num_completion_tokens: int,
+        rows,
         compute_aux_loss: bool,
         extra_inputs: dict | None = None,
     ):
-        """One model forward in which ``head_fn(hidden, weight, bias)`` replaces the LM head's own forward, ``hidden``
-        being the final hidden states that predict the completion tokens. Returns what ``head_fn`` returned (as the
-        model's ``logits``) and the model output."""
-        kwargs = {"output_router_logits": True} if compute_aux_loss else {}
-        head.forward = lambda hidden: head_fn(hidden[:, :-1], head.weight, head.bias)
+        """One model forward of ``rows`` (a padded or packed layout) in which ``head_fn(hidden, weight, bias)``
+        replaces the LM head's own forward, ``hidden`` being the final hidden states that predict the completion
+        tokens. Returns what ``head_fn`` returned (as the model's ``logits``) and the model output."""
+        head.forward = lambda hidden: head_fn(rows.scoring_states(hidden), head.weight, head.bias)
         try:
-            with self.host.accelerator.autocast():
-                out = model(
-                    input_ids=input_ids,
-                    attention_mask=attention_mask,
-                    logits_to_keep=num_completion_tokens + 1,
-                    **kwargs,
-                    **(extra_inputs or {}),
-                )
+            out = self._run(model, rows, compute_aux_loss, extra_inputs, logits_to_keep=rows.positions_to_keep)
         finally:
             del head.forward  # the class's forward again
         return out.logits, out
@@ -333,33 +353,40 @@ class TopKForward:
             if mode == "train"
             else self.host.args.per_device_eval_batch_size
         )
-        ids, logps = [], []
+        k = self.topk_size
+        ids = completion_ids.new_zeros(completion_ids.shape + (k,))
+        logps = None
         sharded_head = self._sharded_lm_head(self.host.model) if self.lm_head_from_hidden else None
         with activation_checkpointing_disabled(self.host.model, self.host.args.gradient_checkpointing_kwargs):
-            for start in range(0, input_ids.size(0), batch_size):
-                rows = slice(start, start + batch_size)
-                chunk = self._rollout_topk_rows(
+            for group in self.row_groups(attention_mask, batch_size):
+                rows = _row_index(group)
+                chunk_ids, chunk_logps = self._rollout_topk_rows(
                     input_ids[rows],
                     attention_mask[rows],
                     completion_ids[rows],
                     sharded_head,
                     model_inputs(output, rows),
                 )
-                ids.append(chunk[0])
-                logps.append(chunk[1])
-        return {"rollout_topk_ids": torch.cat(ids), "rollout_topk_logps": torch.cat(logps)}
+                if logps is None:
+                    logps = chunk_logps.new_zeros(completion_ids.shape + (k,))
+                ids[rows], logps[rows] = chunk_ids, chunk_logps
+        return {"rollout_topk_ids": ids, "rollout_topk_logps": logps}
 
     def _rollout_topk_rows(self, input_ids, attention_mask, completion_ids, sharded_head, extra_inputs=None):
-        """The rollout top-K ``(ids, logps)`` of some rows: LM head inside the forward (sharded head), on the final
-        hidden states, or from the logits (the fallback)."""
+        """The rollout top-K ``(ids, logps)`` ``[b, C, K]`` of some rows: LM head inside the forward (sharded head),
+        on the final hidden states, or from the logits (the fallback). Packed, the positions that score nothing get
+        id 0 and NaN log-probs, which the top-K divergence counts as no position."""
         found = []
+        length = completion_ids.size(1)
+        rows = self.layout(self.host.model, input_ids, attention_mask, length, extra_inputs)
+        sampled = rows.scoring_targets(completion_ids)
 
         def topk_from_hidden(hidden, weight, bias, scale=1.0, softcap=None):
             found.append(
                 rollout_topk_from_hidden(
                     hidden,
                     weight,
-                    completion_ids,
+                    sampled,
                     k=self.host.args.dppo_topk,
                     temperature=self.host.temperature,
                     lm_head_bias=bias,
@@ -369,23 +396,23 @@ class TopKForward:
             )
             return hidden.new_zeros(hidden.shape[:2] + (1,))  # the model's "logits" when run inside it: unused
 
-        length = completion_ids.size(1)
+        extra = None if isinstance(rows, PackedRows) else extra_inputs
         if sharded_head is not None:
-            self._head_inside_forward(
-                self.host.model, sharded_head, topk_from_hidden, input_ids, attention_mask, length, False, extra_inputs
-            )
-            return found[0]
-        head = None
-        if self.lm_head_from_hidden:
-            hidden, head, _ = self._final_hidden_states(
-                self.host.model, input_ids, attention_mask, length, False, extra_inputs
-            )
-            self.lm_head_from_hidden = head is not None
-        if head is not None:
-            topk_from_hidden(hidden, *head)
-            return found[0]
-        logits, _ = self._completion_logits(self.host.model, input_ids, attention_mask, length, False, extra_inputs)
-        return rollout_topk(logits, completion_ids, k=self.host.args.dppo_topk, temperature=self.host.temperature)
+            self._head_inside_forward(self.host.model, sharded_head, topk_from_hidden, rows, False, extra)
+        else:
+            head = None
+            if self.lm_head_from_hidden:
+                hidden, head, _ = self._final_hidden_states(self.host.model, rows, False, extra)
+                self.lm_head_from_hidden = head is not None
+            if head is not None:
+                topk_from_hidden(hidden, *head)
+            else:
+                logits, _ = self._completion_logits(self.host.model, rows, False, extra)
+                found.append(
+                    rollout_topk(logits, sampled, k=self.host.args.dppo_topk, temperature=self.host.temperature)
+                )
+        ids, logps = found[0]
+        return rows.restore(ids, fill=0), rows.restore(logps, fill=math.nan)
 
     def forward(
         self,
@@ -400,72 +427,67 @@ class TopKForward:
     ):
         """The current policy's sampled-token log-probs (with gradient), entropies, log-probs at the stored top-K ids
         (with gradient; ``topk_ids=None``: none) and MoE aux loss, chunked over positions so no ``[B, T, V]`` tensor
-        is built when the LM head can be applied to the hidden states (otherwise one: the logits). ``extra_inputs``:
-        the rows' multimodal inputs (:func:`model_inputs`). ``truncation``: scored on the sampler's truncated support
-        (``trl_reasoning.algorithms.truncation``; not with ``topk_ids``)."""
+        is built when the LM head can be applied to the hidden states (otherwise one: the logits). Packed where the run
+        packs (only the positions that predict a completion token reach the LM head), the outputs in the padded
+        ``[B, C]`` layout. ``extra_inputs``: the rows' multimodal inputs (:func:`model_inputs`). ``truncation``: scored
+        on the sampler's truncated support (``trl_reasoning.algorithms.truncation``; not with ``topk_ids``)."""
+        rows = self.layout(model, input_ids, attention_mask, completion_ids.size(1), extra_inputs)
+        extra = None if isinstance(rows, PackedRows) else extra_inputs
+        sampled = rows.scoring_targets(completion_ids)
+        topk = None if topk_ids is None else rows.scoring_targets(topk_ids)
         head = None
         sharded_head = self._sharded_lm_head(model) if self.lm_head_from_hidden else None
         if sharded_head is not None:
-            return self._forward_sharded_head(
-                model,
-                sharded_head,
-                input_ids,
-                attention_mask,
-                completion_ids,
-                topk_ids,
-                compute_aux_loss,
-                extra_inputs,
-                truncation,
-            )
-        if self.lm_head_from_hidden:
-            hidden, head, out = self._final_hidden_states(
-                model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss, extra_inputs
-            )
-            self.lm_head_from_hidden = head is not None
-        if head is not None:
-            weight, bias, scale, softcap = head
-            logps, entropies, topk_logps = chunked_logps_from_hidden(
-                hidden,
-                weight,
-                completion_ids,
-                topk_ids,
-                temperature=self.host.temperature,
-                lm_head_bias=bias,
-                logit_scale=scale,
-                final_logit_softcapping=softcap,
-                truncation=truncation,
+            logps, entropies, topk_logps, out = self._forward_sharded_head(
+                model, sharded_head, rows, sampled, topk, compute_aux_loss, extra, truncation
             )
         else:
-            logits, out = self._completion_logits(
-                model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss, extra_inputs
-            )
-            logps, entropies, topk_logps = chunked_logps(
-                logits, completion_ids, topk_ids, temperature=self.host.temperature, truncation=truncation
-            )
+            if self.lm_head_from_hidden:
+                hidden, head, out = self._final_hidden_states(model, rows, compute_aux_loss, extra)
+                self.lm_head_from_hidden = head is not None
+            if head is not None:
+                weight, bias, scale, softcap = head
+                logps, entropies, topk_logps = chunked_logps_from_hidden(
+                    hidden,
+                    weight,
+                    sampled,
+                    topk,
+                    temperature=self.host.temperature,
+                    lm_head_bias=bias,
+                    logit_scale=scale,
+                    final_logit_softcapping=softcap,
+                    truncation=truncation,
+                )
+            else:
+                logits, out = self._completion_logits(model, rows, compute_aux_loss, extra)
+                logps, entropies, topk_logps = chunked_logps(
+                    logits, sampled, topk, temperature=self.host.temperature, truncation=truncation
+                )
         aux_loss = out.aux_loss if compute_aux_loss else None
-        return logps, entropies, topk_logps, aux_loss
+        topk_logps = None if topk_logps is None else rows.restore(topk_logps)
+        return rows.restore(logps), rows.restore(entropies), topk_logps, aux_loss
 
     def _forward_sharded_head(
         self,
         model,
         sharded_head,
-        input_ids,
-        attention_mask,
-        completion_ids,
-        topk_ids,
+        rows,
+        sampled,
+        topk,
         compute_aux_loss,
         extra_inputs,
         truncation: SamplingTruncation | None,
     ):
         """:meth:`forward` when the LM head is sharded (FSDP2, ZeRO-3): the chunked log-probs run inside the
-        model's forward, on the gathered head, and come back packed as one tensor."""
+        model's forward, on the gathered head, and come back packed as one tensor. Returns the log-probs, entropies
+        and top-K log-probs in the layout of ``rows.scoring_states``, and the model output."""
 
         def packed_logps(hidden, weight, bias):
             logps, entropies, topk_logps = chunked_logps_from_hidden(
                 hidden,
                 weight,
-                completion_ids,
-                topk_ids,
+                sampled,
+                topk,
                 temperature=self.host.temperature,
                 lm_head_bias=bias,
                 truncation=truncation,
@@ -475,18 +497,10 @@ class TopKForward:
             return torch.cat(parts if topk_logps is None else [*parts, topk_logps], dim=-1)
 
         packed, out = self._head_inside_forward(
-            model,
-            sharded_head,
-            packed_logps,
-            input_ids,
-            attention_mask,
-            completion_ids.size(1),
-            compute_aux_loss,
-            extra_inputs,
+            model, sharded_head, packed_logps, rows, compute_aux_loss, extra_inputs
         )
-        aux_loss = out.aux_loss if compute_aux_loss else None
-        topk_logps = packed[..., 2:] if topk_ids is not None else None
-        return packed[..., 0], packed[..., 1].detach(), topk_logps, aux_loss
+        topk_logps = packed[..., 2:] if topk is not None else None
+        return packed[..., 0], packed[..., 1].detach(), topk_logps, out
 
     def logps_on_sampling_support(
         self,
@@ -515,12 +529,13 @@ class TopKForward:
         gradient of ``log pi_S(y)`` is ``e_y - p_S``, the baseline being the truncated distribution's mean, and the
         tokens outside the support get none; TRL's full-vocabulary gradient ``e_y - p`` also pushes down every
         token the sampler can never draw."""
-        batch_size = batch_size or input_ids.size(0)
         present = {key: value for key, value in forward_inputs.items() if value is not None}
         completion_ids = input_ids[:, -logits_to_keep:]
-        logps, entropies, aux_losses = [], [], []
-        for start in range(0, input_ids.size(0), batch_size):
-            rows = slice(start, start + batch_size)
+        groups = self.row_groups(attention_mask, batch_size or input_ids.size(0))
+        logps = entropies = None
+        aux_losses = []
+        for group in groups:
+            rows = _row_index(group)
             chunk_logps, chunk_entropies, _, aux_loss = self.forward(
                 model,
                 input_ids[rows],
@@ -531,8 +546,16 @@ class TopKForward:
                 model_inputs(present, rows),
                 truncation=truncation,
             )
-            logps.append(chunk_logps)
-            entropies.append(chunk_entropies)
+            if len(groups) == 1:
+                logps, entropies = chunk_logps, chunk_entropies
+            else:
+                if logps is None:
+                    logps = chunk_logps.new_zeros(completion_ids.shape)
+                    entropies = chunk_entropies.new_zeros(completion_ids.shape)
+                logps, entropies = (
+                    logps.index_put((_as_index(rows),), chunk_logps),
+                    entropies.index_put((_as_index(rows),), chunk_entropies),
+                )
             aux_losses.append(aux_loss)
         aux_loss = torch.stack(aux_losses).mean() if compute_aux_loss else None
-        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, aux_loss
+        return logps, entropies if compute_entropy else None, aux_loss

@@ -36,6 +36,7 @@ TRL_PRIVATE_API: dict[str, tuple[str, ...]] = {
     "_generate_and_score_completions": ("inputs",),
     "_compute_loss": ("model", "inputs"),
     "_get_train_sampler": ("dataset",),
+    "_prepare_inputs": ("generation_batch",),
     "_save_checkpoint": ("model", "trial"),
     "_load_optimizer_and_scheduler": ("checkpoint",),
     "_generate": ("prompts",),
@@ -117,6 +118,7 @@ TRL_INSTANCE_ATTRIBUTES = (
     "vllm_importance_sampling_clip_min",
     "vllm_importance_sampling_clip_max",
     "_step",
+    "_buffered_inputs",  # padding-free: the micro-batches of a generation batch, rebalanced by tokens
     "off_policy_mask_threshold",
     "top_entropy_quantile",
     "use_adaptive_entropy",
