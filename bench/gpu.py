@@ -12,9 +12,22 @@ the usual approximation that leaves attention's quadratic term out. Usage (needs
     python bench/gpu.py [--sessions 3] [--steps 20] [--length 512] [--peak-tflops 989]
     python bench/gpu.py --smoke   # the same code on a CPU with a tiny model: checks the script runs, not a result
 
-It ran on one H200 on 2026-11-27 (bench/RESULTS.md, "GPU: overhead and DPPO top-K on a 0.5B Qwen2"). Each row is
-printed as soon as it is measured, so a run stopped by a time limit still shows what it measured; ``--rows`` and
-``--topk`` pick the rows (``--topk`` alone skips the top-K table).
+Three more tables (prepared for the next loan, sized to run in under 8 minutes with the defaults, so that a
+15-minute loan has time for a rerun):
+
+- **padding-free on ragged completions** (``--padding-free``): TRL's GRPO through ``ReasoningTrainer`` (packed) and
+  ``GRPOTrainer`` (padded), completions replayed with ``bench/padding_free.py``'s log-normal lengths (mean
+  ``--ragged-mean``, capped at ``--ragged-max``); tokens/s and MFU count the real tokens trained (TRL's logged
+  ``num_tokens``), the same on both sides;
+- **DPPO top-K's peak memory in bf16** (``--topk``): top-K TV against binary TV, both packed;
+- **asynchronous rollouts with generation** (``--async``): HF ``generate`` samples (no ``rollout_func``), the
+  generator process on the same GPU sampling the next batch while the trainer trains (``max_staleness=1``), against the
+  same run synchronous; throughput in trained tokens per second.
+
+It ran on one H200 on 2026-11-27 (bench/RESULTS.md, "GPU: overhead and DPPO top-K on a 0.5B Qwen2"); the three
+tables above have not run on a GPU yet. Each row is printed as soon as it is measured, so a run stopped by a time limit
+still shows what it measured; ``--rows``, ``--padding-free``, ``--topk`` and ``--async`` pick the rows (an empty list
+skips a table).
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import trainer_classes, workload_trainer  # noqa: E402
 from _results import record  # noqa: E402
 from overhead import PAIRS, interleaved_session, paired_logs, ratio_interval  # noqa: E402
+from padding_free import replay_rollout  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 #: Qwen2.5-0.5B's shape (494M parameters with tied embeddings).
@@ -58,6 +72,13 @@ PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G
 ROWS = {
     **PAIRS,
     "ScaleRL, synchronous": ("ScaleRL", {"async_rollouts": False}, *PAIRS["ScaleRL"][2:]),
+}
+#: The padding-free rows: bench/padding_free.py's length distributions (log-normal sigma; 0: equal lengths).
+RAGGED = {"long-tailed": "long-tailed", "equal": "equal"}
+#: The asynchronous rows with generation: (label, our overrides); TRL's synchronous step is the first row's baseline.
+ASYNC_ROWS = {
+    "synchronous": {"async_rollouts": False},
+    "async, process generator, k = 1": {"async_rollouts": True, "async_generator": "process", "max_staleness": 1},
 }
 TOPK_CONFIGS = {
     "DPPO topk_tv": ("DPPO", {"dppo_divergence": "topk_tv"}),
@@ -91,8 +112,9 @@ def saved_model(shape: dict, smoke: bool) -> tuple[str, int]:
     return path, sum(p.numel() for p in model.parameters())
 
 
-def build(config_class, trainer_class, overrides: dict, model_path: str, options, steps: int):
-    """The shared workload (``_common.workload_trainer``) on the saved model, on the GPU in bf16 (CPU in smoke mode)."""
+def build(config_class, trainer_class, overrides: dict, model_path: str, options, steps: int, rollout: bool = True):
+    """The shared workload (``_common.workload_trainer``) on the saved model, on the GPU in bf16 (CPU in smoke mode);
+    ``rollout=False`` samples with HF ``generate`` instead of the workload's fixed ``rollout_func``."""
     device = {"use_cpu": True, "bf16": False} if options.smoke else {"bf16": True}
     device |= {"report_to": "none", "save_strategy": "no", "disable_tqdm": True, "gradient_checkpointing": False}
     overrides = {"per_device_train_batch_size": options.batch, "learning_rate": 1e-5, **overrides}
@@ -104,6 +126,7 @@ def build(config_class, trainer_class, overrides: dict, model_path: str, options
         steps,
         vocab,
         options.length,
+        rollout=rollout,
         model_path=model_path,
         device_kwargs=device,
     )
@@ -204,14 +227,70 @@ def overhead_row(row: str, model_path: str, parameters: int, peak: float, option
     )
 
 
+def tokens_per_step_logged(trainer) -> float:
+    """The real prompt + completion tokens trained per step: the median increase of TRL's logged ``num_tokens``."""
+    totals = [entry["num_tokens"] for entry in trainer.state.log_history if "num_tokens" in entry]
+    return statistics.median(b - a for a, b in zip([0.0, *totals], totals))
+
+
+def padding_free_row(distribution: str, model_path: str, parameters: int, peak: float, options, emit) -> None:
+    """TRL's GRPO packed (ours) and padded (TRL's) on ragged replayed completions: tokens/s, MFU, time ratio."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    sides = {"ours": (trainer_classes("Reasoning"), {}), "trl": (trainer_classes("trl.GRPO"), {})}
+    trainers = {}
+
+    def make(side: str):
+        classes, overrides = sides[side]
+        overrides = {**overrides, "max_completion_length": options.ragged_max}
+        trainer = build(*classes, overrides, model_path, options, options.warmup + options.steps)
+        trainer.rollout_func = replay_rollout(tokenizer, RAGGED[distribution], options.ragged_max, options.ragged_mean)
+        trainers[side] = trainer
+        return trainer
+
+    times: dict[str, list[list[float]]] = {"ours": [], "trl": []}
+    for session in range(options.sessions):
+        clocks = interleaved_session(make, first="ours" if session % 2 == 0 else "trl", synchronize=_synchronize)
+        for side, clock in clocks.items():
+            times[side].append(clock.wall[options.warmup :])
+    tokens = tokens_per_step_logged(trainers["ours"])
+    ratio = ratio_interval(paired_logs(times["ours"], times["trl"]))
+    rate = {side: tokens / statistics.median(t for s in times[side] for t in s) for side in times}
+    mfu = {side: 6 * parameters * rate[side] / peak for side in rate}
+    emit(
+        f"| {distribution} | {tokens:.0f} | {rate['ours']:.0f} | {rate['trl']:.0f} | {mfu['ours']:.1%} | "
+        f"{mfu['trl']:.1%} | {ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] |"
+    )
+
+
+def async_row(label: str, model_path: str, parameters: int, peak: float, options, emit) -> None:
+    """One arm of the asynchronous table: HF ``generate`` samples, the step's trained tokens per second and MFU."""
+    overrides = {**ASYNC_ROWS[label], "max_completion_length": options.async_length}
+    steps = options.warmup + options.steps
+    # no rollout_func: generate samples the completions, as users train (and the process generator requires it)
+    trainer = build(*trainer_classes("Reasoning"), overrides, model_path, options, steps, rollout=False)
+    clock = SyncedStepClock()
+    trainer.add_callback(clock)
+    trainer.train()
+    seconds = statistics.median(clock.wall[options.warmup :])
+    tokens = tokens_per_step_logged(trainer)
+    emit(f"| {label} | {seconds:.2f} | {tokens / seconds:.0f} | {6 * parameters * tokens / seconds / peak:.1%} |")
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=3, help="fresh trainer pairs per overhead row")
-    parser.add_argument("--steps", type=int, default=20, help="measured steps per side and session")
+    parser.add_argument("--sessions", type=int, default=2, help="fresh trainer pairs per paired row")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per side and session")
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each session left out")
     parser.add_argument("--batch", type=int, default=16, help="completions per step")
     parser.add_argument("--length", type=int, default=512, help="completion length in tokens")
-    parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--rows", nargs="*", default=["DAPO"], choices=list(ROWS), help="overhead rows")
+    parser.add_argument("--padding-free", nargs="*", default=list(RAGGED), choices=list(RAGGED))
+    parser.add_argument("--ragged-mean", type=int, default=400, help="padding-free rows: mean completion length")
+    parser.add_argument("--ragged-max", type=int, default=2048, help="padding-free rows: max_completion_length")
+    parser.add_argument("--async", dest="async_rows", nargs="*", default=list(ASYNC_ROWS), choices=list(ASYNC_ROWS))
+    parser.add_argument("--async-length", type=int, default=256, help="asynchronous rows: max_completion_length")
     parser.add_argument(
         "--topk",
         nargs="*",
@@ -227,6 +306,7 @@ def main(argv: list[str] | None = None) -> str:
     if options.smoke:
         options.sessions, options.steps, options.warmup, options.batch, options.length = 1, 2, 1, 8, 8
         options.rows = options.rows[:1]
+        options.ragged_mean, options.ragged_max, options.async_length = 6, 16, 6
     elif not torch.cuda.is_available():
         raise SystemExit("bench/gpu.py needs a CUDA device; --smoke runs the same code on a CPU with a tiny model.")
     model_path, parameters = saved_model(SMOKE if options.smoke else QWEN2_05B, options.smoke)
@@ -251,16 +331,42 @@ def main(argv: list[str] | None = None) -> str:
     )
     for row in options.rows:
         overhead_row(row, model_path, parameters, peak, options, emit)
+    later_tables(model_path, parameters, peak, options, emit)
+    table = "\n".join(lines)
+    if not options.smoke:
+        record("GPU: padding-free, DPPO top-K in bf16 and asynchronous generation on a 0.5B Qwen2", table)
+    return table
+
+
+def later_tables(model_path: str, parameters: int, peak: float, options, emit) -> None:
+    """The padding-free, DPPO top-K and asynchronous tables, each row printed as it is measured."""
+    if options.padding_free:
+        emit(
+            "",
+            f"Padding-free: lengths log-normal, mean {options.ragged_mean}, capped at {options.ragged_max}; real tokens.",
+            "",
+            "| lengths | real tokens/step | tokens/s ours (packed) | tokens/s TRL (padded) | MFU ours | MFU TRL | "
+            "time ratio [95% CI] |",
+            "|---|---|---|---|---|---|---|",
+        )
+    for distribution in options.padding_free:
+        padding_free_row(distribution, model_path, parameters, peak, options, emit)
     if options.topk:
-        emit("", "| DPPO top-K | tokens/s | peak CUDA MiB |", "|---|---|---|")
+        emit("", "| DPPO top-K (bf16, packed) | tokens/s | peak CUDA MiB |", "|---|---|---|")
     for name in options.topk:
         preset, overrides = TOPK_CONFIGS[name]
         seconds, memory, tokens = timed_run(trainer_classes(preset), overrides, model_path, options)
         emit(f"| {name} | {tokens / seconds:.0f} | {memory:.0f} |")
-    table = "\n".join(lines)
-    if not options.smoke:
-        record("GPU: overhead and DPPO top-K on a 0.5B Qwen2", table)
-    return table
+    if options.async_rows:
+        emit(
+            "",
+            f"Generation with HF generate, at most {options.async_length} tokens; trained tokens per second.",
+            "",
+            "| rollouts | s/step | trained tokens/s | training MFU |",
+            "|---|---|---|---|",
+        )
+    for label in options.async_rows:
+        async_row(label, model_path, parameters, peak, options, emit)
 
 
 if __name__ == "__main__":

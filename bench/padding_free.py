@@ -1,8 +1,9 @@
 """Padding-free training on ragged completions: step time and peak memory against TRL's ``GRPOTrainer``, on the real
 model (SmolLM2-135M-Instruct), with LoRA and with full fine-tuning.
 
-Both sides train TRL's GRPO with the same settings: ours is ``ReasoningTrainer`` (``padding_free`` at its default,
-on for this model), TRL's is ``GRPOTrainer``, which pads every row of a micro-batch to its longest. The completions
+Both sides train TRL's GRPO with the same settings, activation checkpointing on as TRL's default has it
+(``--no-checkpointing`` turns it off on both): ours is ``ReasoningTrainer`` (``padding_free`` at its default, on for
+this model), TRL's is ``GRPOTrainer``, which pads every row of a micro-batch to its longest. The completions
 are replayed by a ``rollout_func`` (no generation), so both train on the same tokens and the step is the training
 work alone: the policy's forward, the loss, backward and the optimizer. Their lengths follow a stated distribution,
 log-normal with a mean of 91 tokens capped at ``max_completion_length=512`` (each completion's length a function of

@@ -798,11 +798,11 @@ class ReasoningConfig(GRPOConfig):
         self._validate_padding_free()
         self._validate_variants()
 
-    def _validate_padding_free(self) -> None:
-        """``padding_free_token_budget``'s value (types are coerced before; the trainer checks the model)."""
-        budget = self.padding_free_token_budget
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-            raise ValueError(f"padding_free_token_budget must be a positive integer (tokens) or None, got {budget!r}.")
+    def _validate_padding_free(self) -> None:  # types are coerced before; the trainer checks the model
+        if self.padding_free_token_budget is not None and self.padding_free_token_budget < 1:
+            raise ValueError(
+                f"padding_free_token_budget must be a positive integer, got {self.padding_free_token_budget}."
+            )
 
     def _validate_reference_reset(self) -> None:
         """``reference_reset_steps`` and ``reference_reset_kl``: their values, and a reference to reset (``beta != 0``,

@@ -81,6 +81,10 @@ def install(model: nn.Module) -> None:
     name = _register(base)
     if model.config._attn_implementation != name:
         model.set_attn_implementation(name)
+    if model.config._attn_implementation != name:  # transformers declines for a model that does not dispatch it
+        raise PackedAttentionUnsupported(
+            f"{type(model).__name__} does not dispatch its attention through transformers' AttentionInterface"
+        )
 
 
 def uninstall(model: nn.Module) -> None:

@@ -34,6 +34,7 @@ from ..models.varlen_attention import (
     install,
     packed_forward,
     reads_packed_sequences,
+    uninstall,
     unsupported_reason,
 )
 from ..utils.user_warnings import user_stacklevel
@@ -70,8 +71,6 @@ def unpackable_model_reason(model: torch.nn.Module, is_vlm: bool) -> str | None:
             f"{type(base).__name__} has no rotary position embeddings (packed positions restart at 0 for each "
             "sequence, where its padded forward counts the padding)"
         )
-    if not base._can_set_attn_implementation():
-        return f"{type(base).__name__} does not dispatch its attention through transformers' AttentionInterface"
     return unsupported_reason(base)
 
 
@@ -86,10 +85,19 @@ class PaddingFree:
             self.reason = self._model_reason()
             if self.reason is not None and requested:
                 raise ValueError(f"padding_free=True cannot pack this run: {self.reason}. Set padding_free=False.")
+        if self.reason is None:
+            try:
+                for model in self._models():
+                    install(unwrap_peft(model))
+            except PackedAttentionUnsupported as error:
+                for model in self._models():
+                    uninstall(unwrap_peft(model))
+                if requested:
+                    raise ValueError(
+                        f"padding_free=True cannot pack this run: {error}. Set padding_free=False."
+                    ) from error
+                self.reason = str(error)
         self.enabled = self.reason is None
-        if self.enabled:
-            for model in self._models():
-                install(unwrap_peft(model))
         # the first layout that had no packed twin is said once (the padded forward runs there instead)
         self._warned_layout = False
 
@@ -109,22 +117,23 @@ class PaddingFree:
         """How a forward of these rows runs: packed, or padded where packing is off, the model's attention would not
         keep the sequences apart (it was changed after the trainer was built), multimodal inputs come with the rows,
         or the mask has no packed twin (``models.packing.packable``, said once)."""
-        padded = PaddedRows(input_ids, attention_mask, num_scored)
-        if not self.enabled or any(value is not None for value in extra.values()):
-            return padded
-        if not reads_packed_sequences(unwrap_peft(self.host._bare_model(model))):
-            return padded
-        problem = packable(attention_mask, num_scored)
-        if problem is not None:
-            if not self._warned_layout:
-                self._warned_layout = True
-                warnings.warn(
-                    f"padding_free: this batch is scored padded ({problem}).",
-                    UserWarning,
-                    stacklevel=user_stacklevel(),
-                )
-            return padded
+        if not self.packs(model, attention_mask, num_scored, **extra):
+            return PaddedRows(input_ids, attention_mask, num_scored)
         return pack_rows(input_ids, attention_mask, num_scored)
+
+    def packs(self, model: torch.nn.Module, attention_mask: torch.Tensor, num_scored: int, **extra) -> bool:
+        """Whether a forward of these rows runs packed (:meth:`layout`)."""
+        if not self.enabled or any(value is not None for value in extra.values()):
+            return False
+        if not reads_packed_sequences(unwrap_peft(self.host._bare_model(model))):
+            return False
+        problem = packable(attention_mask, num_scored)
+        if problem is not None and not self._warned_layout:
+            self._warned_layout = True
+            warnings.warn(
+                f"padding_free: this batch is scored padded ({problem}).", UserWarning, stacklevel=user_stacklevel()
+            )
+        return problem is None
 
     def forward_groups(self, attention_mask: torch.Tensor, batch_size: int | None) -> list[list[int]]:
         """The rows of each packed forward: all of them in one without a ``batch_size`` (the loss's forward, as TRL
@@ -161,7 +170,7 @@ class PaddingFree:
         """TRL's ``_get_per_token_logps_and_entropies`` on packed rows: ``(logps [B, C], entropies [B, C] or None,
         aux loss or None)``, or ``None`` where these rows run padded (:meth:`layout`; ``forward_inputs``: TRL's
         multimodal inputs, which keep a batch padded)."""
-        if not isinstance(self.layout(model, input_ids, attention_mask, logits_to_keep, **forward_inputs), PackedRows):
+        if not self.packs(model, attention_mask, logits_to_keep, **forward_inputs):
             return None
         rows_, columns, logps, entropies, aux_losses = [], [], [], [], []
         for group in self.forward_groups(attention_mask, batch_size):
