@@ -41,11 +41,12 @@ from .algorithms.losses import (
     sequence_ratio_form,
 )
 from .algorithms.registry import Registry
-from .algorithms.sampling_processors import unreproduced_settings
+from .algorithms.sampling_processors import overridden_settings, unreproduced_settings
 from .algorithms.shaping import MULTI_OBJECTIVE_AGGREGATIONS
 from .algorithms.truncation import sampling_truncation
 from .models.model_card import record_derived_values
 from .rewards.wrapping import REWARD_ERROR_POLICIES
+from .utils.config_changes import CONSTRUCTION_ATTRIBUTE, rebuild_with_changes, remember_construction
 from .utils.typed_fields import coerce_field_types
 from .utils.user_warnings import user_stacklevel
 
@@ -552,6 +553,9 @@ class ReasoningConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        # the arguments exactly as given, so that a field changed after construction can be checked again with them
+        # (recheck_changed_fields)
+        arguments = {item.name: getattr(self, item.name) for item in dataclasses.fields(self) if item.init}
         # read before the types are coerced, which turn it into a plain int
         steps_in_updates = (
             self.steps_per_generation if type(self.steps_per_generation) is OptimizerStepsPerGeneration else None
@@ -581,6 +585,12 @@ class ReasoningConfig(GRPOConfig):
         # The model card tells what the user set from what __post_init__ derived, without building a config later
         # (building one mid-training resets accelerate's global state).
         record_derived_values(self, passed)
+        remember_construction(self, arguments)
+
+    def recheck_changed_fields(self) -> list[str]:
+        """Fields set after construction (``args.beta = 0.0``) checked and resolved as construction does it
+        (``utils.config_changes.rebuild_with_changes``); the trainer calls it when it is built."""
+        return rebuild_with_changes(self)
 
     def _preset_group_size_error(self, error: ValueError) -> ValueError:
         """TRL's "must be divisible by num_generations" names a group size the user may never have set: a preset's
@@ -606,6 +616,7 @@ class ReasoningConfig(GRPOConfig):
         return {
             key: f"<{key.upper()}>" if key.endswith("_token") and isinstance(value, str) else value
             for key, value in self.__dict__.items()
+            if key != CONSTRUCTION_ATTRIBUTE  # the arguments as given hold the raw tokens
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -888,6 +899,7 @@ class ReasoningConfig(GRPOConfig):
         if self.async_rollouts is True:
             settings = {"repetition_penalty": self.repetition_penalty, **(self.generation_kwargs or {})}
             found = unreproduced_settings(settings, "vllm" if self.use_vllm else "generate")
+            found += overridden_settings(self.temperature, self.generation_kwargs)
             if found:
                 raise ValueError(
                     f"async_rollouts=True trains on the ratio of the policy to the sampler's recorded log-probabilities, "

@@ -50,3 +50,13 @@ def test_a_per_sequence_metric_averages_over_the_rows_that_train():
     means = masked_means_over_processes(values, mask, lambda totals: totals, active_rows=active)
     assert means == {"clip": 0.5, "entropy": (2.0 + 4.0 + 9.0) / 3}
     assert masked_means_over_processes(values, mask, lambda totals: totals)["clip"] == 0.25  # TRL's: every row
+
+
+def test_a_metric_with_nothing_to_average_is_left_out():
+    """A micro-batch of filler groups only (every row dropped): its per-token metrics, such as
+    ``async/sampler_ratio/mean``, have no token on any process and are left out instead of logged as 0.0."""
+    mask = torch.zeros(2, 3)
+    values = {"async/sampler_ratio/mean": torch.ones(2, 3), "seq": torch.ones(2, 1)}
+    means = masked_means_over_processes(values, mask, lambda totals: totals, active_rows=torch.zeros(2))
+    assert means == {}
+    assert masked_means_over_processes(values, mask, lambda totals: totals) == {"seq": 1.0}  # every row, as TRL

@@ -10,6 +10,7 @@ and the truncation; every other processor is refused where asynchronous rollouts
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import pytest
@@ -22,6 +23,7 @@ from trl_reasoning.algorithms.sampling_processors import (
     GENERATE_SETTINGS,
     VLLM_SETTINGS,
     model_generation_defaults,
+    overridden_settings,
     unreproduced_settings,
 )
 
@@ -75,6 +77,35 @@ def test_every_generate_setting_is_named_when_active_and_silent_when_neutral():
     assert unreproduced_settings({"presence_penalty": 0.5, "repetition_penalty": 1.0}, "vllm") == [
         f"presence_penalty=0.5 ({VLLM_SETTINGS['presence_penalty'][1]})"
     ]
+
+
+@pytest.mark.parametrize(
+    "generation_kwargs,named",
+    [
+        ({"temperature": 0.5}, "generation_kwargs['temperature']=0.5"),
+        ({"top_k": None}, "generation_kwargs['top_k']=None"),
+        ({"temperature": None}, "generation_kwargs['temperature']=None"),
+        ({"min_p": None, "top_p": 0.9}, "generation_kwargs['min_p']=None"),
+    ],
+)
+def test_a_repeated_setting_overridden_in_generation_kwargs_is_checked_by_value(generation_kwargs, named):
+    """The temperature and truncation the trainer repeats, changed in generation_kwargs: refused by key and value
+    where the sampler's log-probs meet the policy's; the same value as the config's, or a truncation by value, is
+    repeated and passes; the synchronous run TRL trains is accepted."""
+    assert overridden_settings(1.0, generation_kwargs)[0].startswith(named)
+    with pytest.raises(ValueError, match=rf"async_rollouts=True.*{re.escape(named)}"):
+        tr.ReasoningConfig(**cpu_args(async_rollouts=True, generation_kwargs=generation_kwargs))
+    tr.ReasoningConfig(**cpu_args(async_rollouts=False, generation_kwargs=generation_kwargs))
+    assert overridden_settings(0.7, {"temperature": 0.7, "top_k": 5, "top_p": 0.9}) == []
+
+
+def test_scalerl_turns_synchronous_with_an_overridden_temperature(tiny_model_path, tmp_path):
+    args = tr.ScaleRLConfig(**cpu_args(output_dir=str(tmp_path), generation_kwargs={"temperature": 0.5}))
+    with pytest.warns(UserWarning, match=r"synchronously.*generation_kwargs\['temperature'\]=0.5"):
+        trainer = tr.ScaleRLTrainer(
+            model=tiny_model_path, reward_funcs=digit_fraction, args=args, train_dataset=make_prompts()
+        )
+    assert trainer.async_rollouts is None
 
 
 def test_the_model_s_generation_config_fills_only_what_the_trainer_leaves_unset():

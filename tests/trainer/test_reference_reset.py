@@ -35,14 +35,15 @@ WORKER = Path(__file__).with_name("reference_reset_worker.py")
 RESET_RUN = dict(beta=0.1, epsilon_high=0.4, steps_per_generation=2, per_device_train_batch_size=4, max_steps=3)
 
 
-def _trainer(model_path, output_dir, peft: bool = False, **overrides) -> tr.ReasoningTrainer:
+def _trainer(model_path, output_dir, peft=False, **overrides) -> tr.ReasoningTrainer:
+    """``peft``: ``True`` for ``lora_config()``, or a PEFT config of its own."""
     args = tr.ReasoningConfig(**cpu_args(output_dir=str(output_dir), **{**RESET_RUN, **overrides}))
     return tr.ReasoningTrainer(
         model=model_path,
         reward_funcs=digit_fraction,
         args=args,
         train_dataset=make_prompts(),
-        peft_config=lora_config() if peft else None,
+        peft_config=(lora_config() if peft is True else peft) or None,
     )
 
 
@@ -254,6 +255,23 @@ def test_the_reset_at_step_n_copies_the_policy_and_clears_the_optimizer(use_lora
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("use_lora", [False, True], ids=["full", "lora"])
+def test_every_train_call_resets_on_the_same_schedule(use_lora, tiny_model_path, tmp_path):
+    """``train()`` three times on one trainer (the Trainer's step restarts at 0 each time): each resets at steps 2
+    and 4 of its own, clears the optimizer and brings the KL back to 0, as the first does."""
+    trainer = _trainer(tiny_model_path, tmp_path, peft=use_lora, reference_reset_steps=2, max_steps=4)
+    resets, kls = [], []
+    for _ in range(3):
+        trainer.train()
+        resets.append(logged_metric(trainer, "reference/resets"))
+        kls.append(logged_metric(trainer, "kl"))
+    assert resets == [[0.0, 1.0, 1.0, 2.0], [2.0, 3.0, 3.0, 4.0], [4.0, 5.0, 5.0, 6.0]]
+    for kl in kls:  # the step after each reset scores against the policy just copied
+        assert abs(kl[2]) < 1e-7, kl
+    assert logged_metric(trainer, "reference/last_reset_step")[-1] == 4.0
+
+
+@pytest.mark.slow
 def test_no_reset_when_the_fields_are_none(tiny_model_path, tmp_path):
     trainer = _trainer(tiny_model_path, tmp_path, reference_reset_steps=None, max_steps=2)
     assert trainer.reference_reset is None
@@ -286,9 +304,19 @@ def _resumable(model_path, output_dir, use_lora, stop_at=None, resume=None) -> t
     return trainer
 
 
+def _lora_with_dropout():
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("use_lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("use_lora", [False, True, "dropout"], ids=["full", "lora", "lora-dropout"])
 def test_a_run_that_resets_then_checkpoints_resumes_as_the_uninterrupted_run(use_lora, tiny_model_path, tmp_path):
+    """``lora-dropout``: PEFT's common ``lora_dropout=0.1``; the reference is scored without it after a resume as
+    before (the Trainer used to load a checkpoint's ``ref/`` adapter with its dropout)."""
+    if use_lora == "dropout":
+        use_lora = _lora_with_dropout()
     full = _resumable(tiny_model_path, tmp_path / "full", use_lora)
     _resumable(tiny_model_path, tmp_path / "split", use_lora, stop_at=6)
     checkpoint = tmp_path / "split" / "checkpoint-6"
@@ -305,6 +333,32 @@ def test_a_run_that_resets_then_checkpoints_resumes_as_the_uninterrupted_run(use
     _assert_same(resumed_reference, full_reference, rtol=0, atol=0)
     assert _differ(full_reference, full_policy)
     _assert_same(resumed_policy, full_policy, rtol=1e-5, atol=1e-6)
+    if use_lora:  # the reference adapter is training state: in the reset's own file, not a folder of the model
+        assert not (checkpoint / REFERENCE_ADAPTER).exists()
+        resumed.save_model(str(tmp_path / "final"))
+        assert (tmp_path / "final" / "adapter_model.safetensors").is_file()
+        assert not (tmp_path / "final" / REFERENCE_ADAPTER).exists()
+        dropouts = [
+            m.p
+            for n, m in resumed.model.named_modules()
+            if n.endswith(f".{REFERENCE_ADAPTER}") and isinstance(m, torch.nn.Dropout)
+        ]
+        assert all(p == 0.0 for p in dropouts) and (bool(dropouts) == (use_lora is not True))
+
+
+@pytest.mark.slow
+def test_a_damaged_reference_file_is_named_and_passed_over_by_resume_true(tiny_model_path, tmp_path):
+    run = dict(reference_reset_steps=4, max_steps=7, beta=0.5, save_strategy="steps", save_steps=3)
+    _trainer(tiny_model_path, tmp_path, **run).train()  # checkpoints 3, 6 and the final 7; the reset at step 4
+    newest = tmp_path / "checkpoint-7"
+    weights = newest / REFERENCE_WEIGHTS_FILE
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut off
+    with pytest.raises(ValueError, match=rf"{REFERENCE_WEIGHTS_FILE} is damaged \(it holds"):
+        _trainer(tiny_model_path, tmp_path, **run).train(resume_from_checkpoint=str(newest))
+    resumed = _trainer(tiny_model_path, tmp_path, **run)
+    with pytest.warns(UserWarning, match=rf"passes over .*checkpoint-7.*{REFERENCE_WEIGHTS_FILE} is damaged"):
+        resumed.train(resume_from_checkpoint=True)  # from checkpoint-6, past the reset: its reference is restored
+    assert resumed.state.global_step == 7 and resumed.reference_reset.state.resets == 1
 
 
 @pytest.mark.slow

@@ -105,3 +105,32 @@ def model_generation_defaults(trainer_settings: Mapping[str, Any], model_setting
         for name, value in model_settings.items()
         if name in watched and value is not None and trainer_settings.get(name) is None
     }
+
+
+#: The sampling settings the trainer repeats when it scores the policy, read from the config (``temperature``,
+#: ``top_k``, ``top_p``, ``min_p``). ``generation_kwargs`` reaches ``generate`` and vLLM after TRL's own values.
+REPEATED_SETTINGS = ("temperature", "top_k", "top_p", "min_p")
+
+
+def overridden_settings(temperature: float, generation_kwargs: Mapping[str, Any] | None) -> list[str]:
+    """``"key=value (why)"`` for each ``generation_kwargs`` entry that changes a setting the trainer repeats in a
+    way its scoring does not follow, by value: a ``temperature`` other than the config's (the sampler would draw at
+    one temperature while ``pi`` is scored at the other; at lag 0 the ratio's minimum fell to 0.08), and ``None`` for
+    any of :data:`REPEATED_SETTINGS` (``generate`` then fills transformers' own default, ``top_k=50``, while ``pi`` is
+    scored untruncated: a ratio mean of 0.58 at lag 0). A truncation given there by value is repeated (the
+    truncated-support scoring reads it), so it is not listed."""
+    found = []
+    for key, value in (generation_kwargs or {}).items():
+        if key not in REPEATED_SETTINGS:
+            continue
+        if value is None:
+            found.append(
+                f"generation_kwargs[{key!r}]=None (the sampler then takes the engine's own default, which the trainer "
+                f"does not know; set {key} in the config instead)"
+            )
+        elif key == "temperature" and float(value) != float(temperature):
+            found.append(
+                f"generation_kwargs['temperature']={value!r} (the sampler draws at it while the policy is scored at "
+                f"temperature={temperature!r}; set temperature in the config instead)"
+            )
+    return found

@@ -50,7 +50,8 @@ def masked_means_over_processes(
     scalar per process, averaged over processes (``policy_loss``). ``active_rows`` (``(B,)``, 1 or 0): the sequences
     a per-sequence value is averaged over, where group selection dropped some (their rows train nothing; TRL, which
     drops none, averages over every row, as ``None`` does). ``reduce_sum`` sums a tensor over processes
-    (``accelerator.reduce(..., reduction="sum")``); it is called once, so every process must pass the same keys."""
+    (``accelerator.reduce(..., reduction="sum")``); it is called once, so every process must pass the same keys. A
+    metric that no process has a token (or sequence) for is left out of the result."""
     per_process = per_process or {}
     rows, names = [], []
     for name, value in values.items():
@@ -69,6 +70,7 @@ def masked_means_over_processes(
         names.append(name)
     if not rows:
         return {}
-    totals = reduce_sum(torch.stack(rows))
-    means = (totals[:, 0] / totals[:, 1].clamp(min=1.0)).tolist()
-    return dict(zip(names, means, strict=True))
+    totals = reduce_sum(torch.stack(rows)).tolist()
+    # a mean over no token or sequence on any process (a micro-batch of filler groups only) is left out, as the loss
+    # leaves those rows out: a 0.0 would read as a measured value
+    return {name: total / count for name, (total, count) in zip(names, totals, strict=True) if count > 0}

@@ -56,7 +56,7 @@ from ..algorithms.batch import TrainBatch
 from ..algorithms.group_selection import RetiredPrompts
 from ..algorithms.importance_sampling import ICEPOP_MODE
 from ..algorithms.losses import POLICY_LOSSES, compute_policy_loss
-from ..algorithms.sampling_processors import model_generation_defaults, unreproduced_settings
+from ..algorithms.sampling_processors import model_generation_defaults, overridden_settings, unreproduced_settings
 from ..algorithms.trl_mirror import k3_kl, masked_means_over_processes
 from ..algorithms.truncation import sampling_truncation
 from ..async_rollouts.pipeline import async_rollouts_for
@@ -69,8 +69,9 @@ from ..rewards.wrapping import (
     wrap_reward_function,
 )
 from ..utils.checkpointing import activation_checkpointing_disabled
+from ..utils.config_changes import mark_checked
 from ..utils.user_warnings import user_stacklevel
-from .checkpoints import last_complete_checkpoint
+from .checkpoints import damaged_weight_files, last_complete_checkpoint
 from .correction import CorrectionHost, ImportanceCorrection, uses_trl_is_ratio
 from .guards import NonFiniteStepGuard, warn_if_fsdp_not_applied, warn_if_launcher_lost_processes
 from .padding_free import PaddingFree, PaddingFreeHost
@@ -201,6 +202,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
                 f"(checked against TRL {TRL_CHECKED_VERSION})."
             )
         self._init_seam_state()
+        mark_checked(self.args)  # what the trainer resolved itself (ratio_anchor, ...) is no change to check again
         self._drop_overlong_prompts()
         self._check_datasets()
         if self.accelerator.is_main_process:
@@ -275,6 +277,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
                     f"min_p={inherited['min_p']!r}, from the model's generation_config (set min_p in the config so "
                     "the trainer scores on the same support)"
                 )
+        found += overridden_settings(self.args.temperature, self.args.generation_kwargs)
         if not found:
             return None
         problem = (
@@ -320,6 +323,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
                 f"{type(self).__name__} needs a {self.config_class.__name__} as `args`, got "
                 f"{type(args).__name__}. Build it with the same arguments: {self.config_class.__name__}(...)."
             )
+        args.recheck_changed_fields()  # a field set after construction is checked as construction checks it
         return args
 
     def _check_datasets(self) -> None:
@@ -583,6 +587,13 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             self.reference_reset.save(folder, write=self.args.should_save)
         super()._save_checkpoint(model, trial)
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        """The Trainer's, without the reference reset's ``"ref"`` adapter folder (training state, kept in the reset's
+        own file): the saved and pushed model is the trained adapter."""
+        super().save_model(output_dir, _internal_call)
+        if getattr(self, "reference_reset", None) is not None and self.args.should_save:
+            self.reference_reset.leave_adapter_out(output_dir or self.args.output_dir)
+
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None and getattr(self, "rollout", None) is not None:
@@ -611,6 +622,11 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             if folder is None:
                 raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
             resume_from_checkpoint = str(folder)
+        elif isinstance(resume_from_checkpoint, str) and (damaged := damaged_weight_files(resume_from_checkpoint)):
+            raise ValueError(
+                f"Cannot resume from {resume_from_checkpoint}: {damaged[0]} is damaged ({damaged[1]}). Resume from "
+                "an earlier checkpoint, or with resume_from_checkpoint=True, which passes over damaged ones."
+            )
         if getattr(self, "async_rollouts", None) is not None:
             self.async_rollouts.start_fresh()  # a resumed run then restores the checkpoint's pipeline over it
         try:

@@ -144,7 +144,8 @@ def _malformed_entry(state: dict[str, Any]) -> str | None:
 
 def checkpoint_problem(folder: str | os.PathLike) -> str | None:
     """Why ``folder`` is not a complete checkpoint (``None`` when it is): no readable ``trainer_state.json`` (the
-    Trainer writes it last), no model weights, or a sampling-state file that cannot be read."""
+    Trainer writes it last), no model weights, a sampling-state file that cannot be read, or a safetensors file (the
+    model's, an adapter's, the reference reset's) cut off."""
     folder = Path(folder)
     state_path = folder / TRAINER_STATE_FILE
     if not state_path.is_file():
@@ -159,6 +160,38 @@ def checkpoint_problem(folder: str | os.PathLike) -> str | None:
         read_sampling_state(folder)
     except SamplingStateError as error:
         return str(error).split(":")[0] + " cannot be read"
+    damaged = damaged_weight_files(folder)
+    if damaged:
+        return f"{damaged[0]} is damaged ({damaged[1]})"
+    return None
+
+
+def safetensors_problem(path: str | os.PathLike) -> str | None:
+    """Why the safetensors file ``path`` is damaged, read from its header alone (no tensor is loaded): a header that
+    does not parse, or a file shorter than the data its header describes (a copy or a save cut off). ``None``: whole."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as file:
+            length = int.from_bytes(file.read(8), "little")
+            if length <= 0 or length > path.stat().st_size - 8:
+                return "its header is cut off"
+            header = json.loads(file.read(length))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        return f"its header does not read: {error}"
+    ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
+    expected = 8 + length + max(ends, default=0)
+    if path.stat().st_size < expected:
+        return f"it holds {path.stat().st_size} bytes of the {expected} its header describes"
+    return None
+
+
+def damaged_weight_files(folder: str | os.PathLike) -> tuple[Path, str] | None:
+    """The first damaged safetensors file of a checkpoint folder (its model, adapter or reference weights, in any
+    sub-folder) and why, or ``None``."""
+    for path in sorted(Path(folder).rglob("*.safetensors")):
+        problem = safetensors_problem(path)
+        if problem is not None:
+            return path, problem
     return None
 
 

@@ -38,6 +38,7 @@ import copy
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -48,7 +49,7 @@ from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback
 
 from ..utils.user_warnings import user_stacklevel
-from .checkpoints import write_json_atomically
+from .checkpoints import safetensors_problem, write_json_atomically
 
 #: The reset's state file and the reference's weights, in every checkpoint folder of a run with the reset.
 REFERENCE_STATE_FILE = "trl_reasoning_reference_state.json"
@@ -131,13 +132,13 @@ def reference_adapter_names(model: torch.nn.Module) -> dict[str, str]:
 
 
 def ensure_reference_adapter(model: torch.nn.Module) -> None:
-    """Add the frozen ``"ref"`` adapter (the trained adapter's config) if the model lacks it; the trained adapter
-    stays the active one."""
-    if REFERENCE_ADAPTER in model.peft_config:
-        return
-    config = copy.deepcopy(model.peft_config[trained_adapter(model)])
-    config.inference_mode = True
-    model.add_adapter(REFERENCE_ADAPTER, config)
+    """Add the frozen ``"ref"`` adapter (the trained adapter's config) if the model lacks it, and keep it frozen and
+    without dropout whoever added it (transformers' resume loads a checkpoint's adapter folders with their saved
+    config, ``lora_dropout=0.1`` included); the trained adapter stays the active one."""
+    if REFERENCE_ADAPTER not in model.peft_config:
+        config = copy.deepcopy(model.peft_config[trained_adapter(model)])
+        config.inference_mode = True
+        model.add_adapter(REFERENCE_ADAPTER, config)
     names = set(reference_adapter_names(model).values())
     for name, param in model.named_parameters():
         if name in names:
@@ -213,6 +214,15 @@ class ReferenceReset(TrainerCallback):
         over = self.host.accelerator.reduce(flag, reduction="sum").item() > 0
         return on_schedule or over
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        """A ``train()`` that starts at step 0 again (a second ``train()`` on the same trainer, not a resume) counts
+        its schedule from its own start: the Trainer's step restarts at 0, so a last reset at a step of the previous
+        run would put every scheduled reset out of reach. The reset count goes on; the KL seen is dropped."""
+        if self.state.last_reset_step is not None and state.global_step < self.state.last_reset_step:
+            self.state.last_reset_step = None
+            self.state.kl_sum, self.state.kl_count = 0.0, 0
+        return control
+
     def on_step_end(self, args, state, control, **kwargs):
         if self.at_rollout_boundary() and self.due(state.global_step):
             self.reset(state.global_step)
@@ -255,6 +265,13 @@ class ReferenceReset(TrainerCallback):
         """The reference's weights (by the policy's parameter names), as CPU tensors."""
         return {name: param.detach().cpu().contiguous() for name, param in self._reference_parameters().items()}
 
+    def leave_adapter_out(self, folder: str | os.PathLike) -> None:
+        """Remove the ``"ref"`` adapter's folder PEFT writes beside the trained adapter in a saved model (the final
+        model, a checkpoint): the reference is training state, kept in this part's own file
+        (``REFERENCE_WEIGHTS_FILE``), and a model pushed to the Hub carries the trained adapter alone."""
+        if self.host.ref_model is None and os.path.isdir(Path(folder) / REFERENCE_ADAPTER):
+            shutil.rmtree(Path(folder) / REFERENCE_ADAPTER)
+
     def save(self, folder: str | os.PathLike, write: bool = True) -> None:
         """Write the reset state, and after a first reset the reference's weights, into ``folder`` (a checkpoint),
         each atomically (the weights first). ``write``: this process saves (the others hold the same state)."""
@@ -291,6 +308,12 @@ class ReferenceReset(TrainerCallback):
                 raise ReferenceResetError(
                     f"{checkpoint} records {state.resets} reference reset(s) but has no {REFERENCE_WEIGHTS_FILE}, so "
                     "the reference it trained against is lost. Resume from a complete checkpoint."
+                )
+            problem = safetensors_problem(path)
+            if problem is not None:
+                raise ReferenceResetError(
+                    f"{path} is damaged ({problem}). Resume from an earlier checkpoint, or with "
+                    "resume_from_checkpoint=True, which passes over damaged checkpoints."
                 )
             copy_parameters(load_file(str(path)), self._reference_parameters(), str(path))
         # a checkpoint inside a rollout batch: the resumed run samples that batch again, so its KL starts afresh
