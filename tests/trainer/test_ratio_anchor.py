@@ -88,10 +88,15 @@ def test_an_unknown_or_undefined_anchor_is_an_error_naming_the_field():
 def test_decoupled_runs_areal_s_per_token_truncation():
     config = _config(ratio_anchor="decoupled", vllm_importance_sampling_clip_max=5.0)
     assert (config.vllm_importance_sampling_mode, config.vllm_importance_sampling_clip_max) == ("token_truncate", 5.0)
+    # AReaL's default action drops a token past the cap: the masked mode, kept as written
+    masked = _config(
+        ratio_anchor="decoupled", vllm_importance_sampling_mode="token_mask", vllm_importance_sampling_clip_max=5.0
+    )
+    assert (masked.vllm_importance_sampling_mode, masked.vllm_importance_sampling_clip_max) == ("token_mask", 5.0)
     with pytest.raises(
-        ValueError, match=r"ratio_anchor='decoupled'.*not by vllm_importance_sampling_mode='token_mask'"
+        ValueError, match=r"ratio_anchor='decoupled'.*not by vllm_importance_sampling_mode='sequence_truncate'"
     ):
-        _config(ratio_anchor="decoupled", vllm_importance_sampling_mode="token_mask")
+        _config(ratio_anchor="decoupled", vllm_importance_sampling_mode="sequence_truncate")
     with pytest.raises(ValueError, match=r"decoupled.*vllm_importance_sampling_correction=True"):
         _config(ratio_anchor="decoupled", vllm_importance_sampling_correction=False)
 
@@ -147,6 +152,17 @@ def test_an_asynchronous_run_without_a_trust_region_against_the_sampler_says_so_
         warnings.simplefilter("error")
         for anchor in ("sampler", "decoupled"):
             _trainer(tiny_model_path, tmp_path / anchor, async_rollouts=True, ratio_anchor=anchor)
+
+
+def test_the_sampler_anchor_on_a_synchronous_truncated_run_says_what_it_means(tiny_model_path, tmp_path):
+    """Synchronously sampled by generate, mu is not recorded: the sampler anchor takes pi_old, which is not mu when
+    sampling truncates (top_k=5). Said once, by name; silent without truncation and for DPPO (its definition)."""
+    with pytest.warns(UserWarning, match=r"ratio_anchor='sampler' on a synchronous run.*top_k=5.*async_rollouts=True"):
+        _trainer(tiny_model_path, tmp_path / "a", ratio_anchor="sampler", top_k=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _trainer(tiny_model_path, tmp_path / "b", ratio_anchor="sampler")
+        _trainer(tiny_model_path, tmp_path / "c", policy_loss="dppo", top_k=5)
 
 
 def _float64_clip_on_sampler(logps, mu, advantages, mask, low=0.2, high=0.28):

@@ -12,13 +12,19 @@ anchors are in use, and they coincide only on a synchronous, on-policy batch:
 ``"sampler"``
     ``rho = pi_theta / mu``, ``mu`` the sampler's own probability of the token (vLLM's log-probs, or those
     ``generate`` sampled from on an asynchronous batch); no separate correction weight, so the mismatch is never
-    counted twice. The DPPO paper's GRPO baseline (arXiv 2602.04879, §5.2) and verl's "bypass mode"
-    (``old_log_prob = rollout_log_prob``): the trust region is taken against the policy that sampled.
+    counted twice. The DPPO paper's GRPO baseline (arXiv 2602.04879, §5.2), and verl's "bypass mode"
+    (``old_log_prob = rollout_log_prob``) with its dual clip off: verl keeps ``clip_ratio_c = 3`` by default, which
+    drops the gradient of a token with ``A < 0`` and ``pi / mu > 3``; here no such bound applies. The trust region is
+    taken against the policy that sampled.
 ``"decoupled"``
     AReaL's decoupled objective (arXiv 2505.24298, Eq. 5): the clip on ``rho = pi_theta / pi_prox``, ``pi_prox`` the
     weights before this batch's first update (``pi_old`` here), times ``sg(min(pi_prox / mu, C))`` per token (TRL's
-    correction in its ``token_truncate`` mode, ``C = vllm_importance_sampling_clip_max``; AReaL's
-    ``behav_imp_weight_cap``). It differs from ``"sampler"`` only where one generation batch feeds several optimizer
+    correction in its ``token_truncate`` mode, ``C = vllm_importance_sampling_clip_max``, 3 by default: TRL's
+    truncation value). AReaL's own ``behav_imp_weight_cap`` *drops* a token whose ``pi_prox / mu`` passes the cap
+    (its default: ``action="mask"`` at 5); truncating keeps the token at weight ``C`` (AReaL's ``action="clamp"``).
+    This package truncates because it is TRL's correction at TRL's value, so a run moved from ``"pi_old"`` keeps its
+    bound; ``vllm_importance_sampling_mode="token_mask"`` with ``vllm_importance_sampling_clip_max=5.0`` gives
+    AReaL's default instead. It differs from ``"sampler"`` only where one generation batch feeds several optimizer
     steps (``steps_per_generation > 1`` or ``num_iterations > 1``): there the clip is against the proximal policy,
     and the stale sampler only reweights.
 
@@ -33,8 +39,10 @@ from __future__ import annotations
 RATIO_ANCHORS = ("pi_old", "sampler", "decoupled")
 #: TRL's objective: the anchor a synchronous run takes by default.
 TRL_ANCHOR = "pi_old"
-#: The correction mode the decoupled anchor runs (AReaL's truncated per-token weight).
+#: The correction mode the decoupled anchor runs by default (the per-token weight truncated at ``C``: AReaL's
+#: ``action="clamp"``), and the other one it takes (tokens past ``C`` dropped: AReaL's default ``action="mask"``).
 DECOUPLED_CORRECTION_MODE = "token_truncate"
+DECOUPLED_MODES = (DECOUPLED_CORRECTION_MODE, "token_mask")
 
 
 def check_anchor(anchor: str, supported: tuple[str, ...], policy_loss: str, field_name: str = "ratio_anchor") -> None:
@@ -68,9 +76,9 @@ def resolve_anchor(
 ) -> tuple[str, str]:
     """``(anchor, correction mode)`` of a run: ``requested`` checked, or ``None`` resolved (:func:`default_anchor`).
 
-    ``"decoupled"`` weighs each token by TRL's correction in AReaL's per-token truncation (``token_truncate``): asked
-    for by name, it needs the correction on and a mode left at TRL's default or ``token_truncate`` (errors naming
-    the fields); reached as a default where the user turned the correction off or chose another mode, the run keeps
+    ``"decoupled"`` weighs each token by TRL's correction per token: truncated at ``C`` (``token_truncate``, its
+    default) or dropped past it (``token_mask``, AReaL's default action); asked for by name, it needs the correction
+    on and one of those modes or TRL's default (errors naming the fields); reached as a default where the user turned the correction off or chose another mode, the run keeps
     TRL's objective with that choice (``"pi_old"``) instead."""
     if requested is None:
         anchor = default_anchor(supported, async_default, asynchronous)
@@ -85,11 +93,13 @@ def resolve_anchor(
                 "ratio_anchor='decoupled' weighs each token by min(pi_prox / mu, C), TRL's importance-sampling "
                 "correction: set vllm_importance_sampling_correction=True, or ratio_anchor='sampler'."
             )
-        if anchor == "decoupled" and mode not in (trl_default_mode, DECOUPLED_CORRECTION_MODE):
+        if anchor == "decoupled" and mode not in (trl_default_mode, *DECOUPLED_MODES):
             raise ValueError(
-                f"ratio_anchor='decoupled' weighs each token by min(pi_prox / mu, C) (AReaL's objective, "
-                f"vllm_importance_sampling_mode={DECOUPLED_CORRECTION_MODE!r}), not by "
-                f"vllm_importance_sampling_mode={mode!r}. Drop vllm_importance_sampling_mode, or use "
-                "ratio_anchor='pi_old' with that correction."
+                f"ratio_anchor='decoupled' weighs each token by pi_prox / mu truncated at C "
+                f"(vllm_importance_sampling_mode={DECOUPLED_CORRECTION_MODE!r}) or dropped past it ('token_mask'), "
+                f"not by vllm_importance_sampling_mode={mode!r}. Use one of those, or ratio_anchor='pi_old' with "
+                "that correction."
             )
-    return anchor, DECOUPLED_CORRECTION_MODE if anchor == "decoupled" else mode
+    if anchor == "decoupled" and mode not in DECOUPLED_MODES:
+        mode = DECOUPLED_CORRECTION_MODE
+    return anchor, mode

@@ -59,6 +59,10 @@ class ReinforcePPConfig(ReasoningConfig):
       `reinforce_baseline`); no other γ is offered.
     - The paper gives no group size; the preset keeps TRL's `num_generations=8` (OpenRLHF's reasoning script samples
       8 per prompt too).
+    - The logged `loss` stays about 0 at every step, by construction and not for want of learning: at ratio 1 the
+      loss is minus the token mean of the advantages, and the advantages are whitened over those same tokens (mean
+      0). Its gradient is not 0 (`grad_norm` is about 1.5 on the main job's task); read the run in `reward`,
+      `grad_norm`, `advantages/abs_mean` and `kl`, as for OpenRLHF's REINFORCE++ (whose `policy_loss` is ~0 too).
 
     Paper: REINFORCE++: Stabilizing Critic-Free Policy Optimization with Global Normalization, arXiv 2501.03262.
     """

@@ -38,7 +38,8 @@ from ..algorithms.importance_sampling import (
     ess_from_terms,
     weight_share_changed,
 )
-from ..algorithms.losses import POLICY_LOSSES
+from ..algorithms.losses import POLICY_LOSSES, ratio_anchors
+from ..algorithms.truncation import sampling_truncation
 from ..utils.user_warnings import user_stacklevel
 from .rollout import loss_tokens
 
@@ -115,6 +116,24 @@ class ImportanceCorrection:
             args.resolve_ratio_anchor(asynchronous)
             # TRL copied the mode onto the trainer in its __init__: the decoupled anchor's truncation goes on both
             host.vllm_importance_sampling_mode = args.vllm_importance_sampling_mode
+        truncation = sampling_truncation(args.top_k, args.top_p, args.min_p, args.generation_kwargs)
+        chosen = "pi_old" in ratio_anchors(loss)  # DPPO's ratio is the sampler's by definition, not a choice
+        if (
+            args.ratio_anchor == "sampler"
+            and chosen
+            and not asynchronous
+            and not host.use_vllm
+            and truncation.truncates
+        ):
+            warnings.warn(
+                "ratio_anchor='sampler' on a synchronous run sampled by generate: the sampler's log-probabilities are "
+                "not recorded there, so the ratio is taken against pi_old, the policy scored on the whole vocabulary, "
+                f"while the sampler drew from its truncated distribution ({truncation}). Set async_rollouts=True "
+                "(max_staleness=0 samples from the current weights), which records mu, to take the ratio to the "
+                "sampler as asked.",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
         if asynchronous and args.ratio_anchor == "pi_old" and not POLICY_LOSSES.trait(loss, "own_is_correction"):
             steps = args.steps_per_generation * host.num_iterations
             where = (
