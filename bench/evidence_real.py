@@ -126,7 +126,16 @@ _VS_TRL = "vs TRL's clip on pi_old, not the paper's baseline"
 _ASYNC_COMPARISONS = [
     _pair("dppo_binary", "clip_sampler", "pass@1", "higher", "DPPO binary-TV over its baseline, the clip on pi/mu"),
     _pair("dppo_topk", "clip_sampler", "pass@1", "higher", "DPPO top-K TV over its baseline, the clip on pi/mu"),
-    _pair("cispo", "clip_sampler", "pass@1", "higher", "CISPO over the clip on pi/mu"),
+    # MiniMax-M1 compared CISPO with DAPO's clip on its own (stale minibatch) setting, never with the clip on pi/mu:
+    # this is the DPPO paper's baseline, so the row says which arm is higher and claims no reproduction
+    _pair(
+        "cispo",
+        "clip_sampler",
+        "pass@1",
+        "higher",
+        "CISPO vs the clip on pi/mu (DPPO's baseline; no CISPO claim)",
+        paper=False,
+    ),
     _pair("clip_sampler", "clip", "pass@1", "higher", "the clip's anchor: mu (sampler) vs pi_old", paper=False),
     _pair("clip_decoupled", "clip", "pass@1", "higher", "the clip's anchor: decoupled (AReaL) vs pi_old", paper=False),
     _pair("cispo", "clip", "pass@1", "higher", f"CISPO {_VS_TRL}", paper=False),
@@ -273,7 +282,17 @@ CLAIMS: dict[str, dict] = {
         "unit": "steps",
         "budget": 16,
         "seeds": 4,
-        "compare": [_pair("gspo", "grpo", "pass@1", "higher", "GSPO over GRPO's token ratio, asynchronous k = 8")],
+        # neither clip acts here (one optimizer step a batch: the decoupled anchor's proximal policy is the learner),
+        # so the row tests how the staleness weights reach the gradient, not GSPO's sequence clip
+        "compare": [
+            _pair(
+                "gspo",
+                "grpo",
+                "pass@1",
+                "higher",
+                "GSPO's sequence weights vs GRPO's token ones, k = 8 (no clip acts)",
+            )
+        ],
     },
     # REINFORCE++-baseline (Hu et al.): the group mean subtracted, then normalised over the batch's tokens, against
     # GRPO's per-group std, on add/sub/mul (easy additions beside hard products: where group and batch scaling
@@ -284,7 +303,13 @@ CLAIMS: dict[str, dict] = {
             "grpo": {**_BASE, **_CLIP_SYMMETRIC},
         },
         "compare": [
-            _pair("reinforce_pp_baseline", "grpo", "pass@1", "higher", "REINFORCE++-baseline over GRPO, mixed prompts")
+            _pair(
+                "reinforce_pp_baseline",
+                "grpo",
+                "pass@1",
+                "higher",
+                "REINFORCE++-baseline's estimator over GRPO's (beta 0)",
+            )
         ],
     },
     # ProRL (§2.2): the reference and the optimizer reset keep a KL-regularised run improving. One change, the reset
@@ -299,7 +324,17 @@ CLAIMS: dict[str, dict] = {
         "unit": "steps",
         "budget": 48,
         "seeds": 4,
-        "compare": [_pair("reset", "no_reset", "pass@1", "higher", "ProRL: the reference reset, KL-regularised run")],
+        # ProRL resets by hand between runs and reports no reset-vs-none ablation: no paper's claim, beta 0.01
+        "compare": [
+            _pair(
+                "reset",
+                "no_reset",
+                "pass@1",
+                "higher",
+                "reference reset vs none at beta 0.01 (no ProRL ablation)",
+                paper=False,
+            )
+        ],
     },
 }
 
@@ -659,7 +694,9 @@ def _comparison_rows(runs: dict, budget: int) -> tuple[list[str], list[tuple]]:
     for row in comparisons(runs, budget):
         paired, arm_a, arm_b, measure = row["paired"], row["a"], row["b"], row["measure"]
         mean, low, high = row["mean"], row["low"], row["high"]
-        effects.append((row["tests"], measure, mean, low, high, row["expects"] if row["paper"] else None))
+        # the budget in the label: the 17- and 50-step rows of one comparison are two rows of the figure
+        label = f"{row['tests']}, {row['unit']}"
+        effects.append((label, measure, mean, low, high, row["expects"] if row["paper"] else None))
 
         def both(key: str, digits: int, paired=paired) -> str:
             return f"{_mean_of(paired, 0, key, digits)} / {_mean_of(paired, 1, key, digits)}"
