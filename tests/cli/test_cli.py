@@ -122,6 +122,18 @@ def test_bad_values_name_the_field(tmp_path):
     ]
 
 
+def test_none_on_the_command_line_is_none_and_a_missing_data_file_is_named(tmp_path, monkeypatch):
+    """``--ratio_anchor None`` unsets the field (as YAML's ``null``), not the anchor "None"; a local data file name
+    that is no file fails with "no such file", not a Hub lookup."""
+    from trl_reasoning.cli.commands import load_task_dataset
+
+    training_args = cli.parse("dapo", ["--ratio_anchor", "None", "--use_cpu", "true"])[1]
+    assert training_args.ratio_anchor == cli.parse("dapo", ["--use_cpu", "true"])[1].ratio_anchor == "pi_old"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"--dataset_name 'nothere.jsonl': no such file"):
+        load_task_dataset(None, "nothere.jsonl", None)
+
+
 @pytest.mark.slow
 def test_algorithm_subcommand_trains_saves_and_evaluates(tiny_model_path, tmp_path, capsys):
     out = tmp_path / "run"

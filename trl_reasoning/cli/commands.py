@@ -47,9 +47,14 @@ def _file_builder(dataset_name: str) -> str | None:
     """The `datasets` builder of a local data file (`train.jsonl` -> `"json"`), or `None` for anything else (a Hub
     name or a folder, which `load_dataset` reads itself)."""
     path = os.path.expanduser(dataset_name)
-    if not os.path.isfile(path):
-        return None
     extension = os.path.splitext(path)[1].lower()
+    if not os.path.isfile(path):
+        if extension in _FILE_BUILDERS:  # a data file's name that is no file: not a Hub dataset either
+            raise FileNotFoundError(
+                f"--dataset_name {dataset_name!r}: no such file ({os.path.abspath(path)}). A name ending in "
+                f"{extension} is read as a local data file; check the path."
+            )
+        return None
     if extension not in _FILE_BUILDERS:
         raise ValueError(
             f"--dataset_name {dataset_name!r} is a file with an unknown extension; use one of "

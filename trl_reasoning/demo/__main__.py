@@ -13,7 +13,10 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    from trl_reasoning.demo.quiet import quiet_library_noise
+    import warnings
+
+    from trl_reasoning.demo.quiet import message_only, quiet_library_noise
 
     quiet_library_noise()  # the main job only, before its imports print: not for a script that calls main()
+    warnings.formatwarning = message_only
     main()

@@ -17,9 +17,12 @@
   on its next line ("model: ... ready in N s"). ``TQDM_DISABLE=1`` is set unless the user set it, before tqdm is
   imported (tqdm reads it then).
 
-Only the main job installs these, before its first import of those libraries: ``python -m trl_reasoning.demo``
-(its ``__main__``) and ``trl-reasoning demo`` (:func:`console_main`, the console script). A user's own script that
-imports trl_reasoning, and every other ``trl-reasoning`` command, sees every one of them, as without this package.
+The main job installs these before its first import of those libraries (``python -m trl_reasoning.demo``, its
+``__main__``), and so does every ``trl-reasoning`` command (:func:`console_main`, the console script, whose
+``--help`` opened with bitsandbytes' notice). The main job also prints a warning as its message alone
+(``Category: message``), as its other lines: Python's default adds the source path and the user's line
+(``trainer.train()``), which tell its user nothing. A user's own script that imports trl_reasoning sees every notice
+and Python's warning format, as without this package.
 """
 
 from __future__ import annotations
@@ -63,14 +66,20 @@ def quiet_library_noise() -> None:
     os.environ.setdefault("TQDM_DISABLE", "1")
 
 
+def message_only(message, category, filename, lineno, line=None) -> str:
+    """``warnings.formatwarning`` of the main job: ``Category: message``, without the source path and line."""
+    return f"{category.__name__}: {message}\n"
+
+
 def console_main() -> None:
-    """The ``trl-reasoning`` console script: ``trl-reasoning demo`` (the main job, as ``python -m
-    trl_reasoning.demo``) drops :data:`NOISE_LOG_RECORDS` and :data:`NOISE_WARNINGS` before ``trl_reasoning.cli``'s
-    imports print them; every other command is ``trl_reasoning.cli.main`` with the libraries' own output."""
+    """The ``trl-reasoning`` console script: drops :data:`NOISE_LOG_RECORDS` and :data:`NOISE_WARNINGS` before
+    ``trl_reasoning.cli``'s imports print them, then runs the command; ``trl-reasoning demo`` (the main job, as
+    ``python -m trl_reasoning.demo``) also prints each warning as its message alone (:func:`message_only`)."""
     import sys
 
+    quiet_library_noise()
     if sys.argv[1:2] == ["demo"]:
-        quiet_library_noise()
+        warnings.formatwarning = message_only
     from ..cli import main
 
     main()

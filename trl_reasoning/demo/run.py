@@ -14,6 +14,7 @@ reward/accuracy curves as a PNG, and writes the trained model folder with its mo
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -423,8 +424,15 @@ def _print_summary(demo: DemoArguments, setup: _Setup, name: str, result: dict) 
     print(_row(setup.start_label, before, k))
     print(_row(f"after {name}", after, k))
     gain = 100 * (after["accuracy"] - before["accuracy"])
+    # pass@1 is a mean over samples: another seed draws others. A bound on that alone (the prompts fixed): a 95%
+    # half-width of 1.96 * sqrt(p (1 - p) / samples), the larger of before's and after's. Greedy accuracy has none.
+    spread = max(
+        196 * math.sqrt(max(r["pass@1"] * (1 - r["pass@1"]), 0.0) / max(r["num_prompts"] * r["num_samples"], 1))
+        for r in (before, after)
+    )
     print(
-        f"\nheld-out accuracy {gain:+.1f} points, pass@1 {100 * (after['pass@1'] - before['pass@1']):+.1f} points; "
+        f"\nheld-out accuracy {gain:+.1f} points, pass@1 {100 * (after['pass@1'] - before['pass@1']):+.1f} points "
+        f"(each pass@1 within ±{spread:.1f} points from sampling alone; the evaluation is seeded); "
         f"wall time {seconds['total']:.0f} s (model {seconds['model']:.0f} s, evaluation {seconds['evaluation']:.0f} "
         f"s, RL {seconds['rl']:.0f} s)"
     )

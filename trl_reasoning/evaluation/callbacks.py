@@ -7,8 +7,9 @@ functions that take TRL's reward-function arguments. [`PassAtKCallback`] runs it
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,6 +227,29 @@ def _pass_at_k_metrics(table: torch.Tensor, ks: list[int], num_samples: int, gre
     return metrics
 
 
+def _is_main_process(accelerator) -> bool:
+    """Whether this process reports (the only one without an accelerator)."""
+    return accelerator is None or accelerator.is_main_process
+
+
+def _progress_bar(local: int, total: int, num_samples: int, world: int, shown: bool) -> tqdm:
+    """The bar over this process's ``local`` prompts of ``total``."""
+    description = f"pass@k eval ({total} prompts x {num_samples} samples, {world} process{'es' * (world > 1)})"
+    return tqdm(total=local, desc=description, unit="prompt", disable=not shown)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, rank: int, model) -> Iterator[None]:
+    """torch's random state seeded with ``seed + rank`` inside, restored after (``None``: untouched)."""
+    if seed is None:
+        yield
+        return
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed + rank)
+        yield
+
+
 def evaluate_pass_at_k(
     model,
     tokenizer,
@@ -243,6 +267,7 @@ def evaluate_pass_at_k(
     max_prompts: int | None = None,
     accelerator=None,
     progress: bool = False,
+    seed: int | None = 0,
 ) -> dict[str, float]:
     r"""
     Sample `num_samples` completions per prompt and report unbiased pass@k, greedy accuracy, reward and length.
@@ -266,24 +291,24 @@ def evaluate_pass_at_k(
         accelerator (`accelerate.Accelerator`, *optional*): With several processes, each evaluates a slice of the
             prompts and the counts are gathered; every process returns the same metrics.
         progress (`bool`, defaults to `False`): Show a progress bar (this process's prompts; main process only).
+        seed (`int` or `None`, defaults to `0`): Sample with this seed (plus the process index) in a fork of torch's
+            random state: the same command gives the same numbers, and training's random stream is left as it was.
 
     Returns:
         `dict[str, float]`: `pass@{k}` for every `k` (averaged over prompts), `accuracy` (greedy, if `greedy`),
         `reward` (mean reward of the sampled completions), `mean_length` (mean sampled completion length in tokens,
         EOS included), `num_prompts`, `num_samples`.
     """
-    funcs = _as_list(reward_funcs)
     ks = _checked_ks(ks, num_samples)
     rows = _evaluation_rows(dataset, max_prompts)
     world, rank = (accelerator.num_processes, accelerator.process_index) if accelerator is not None else (1, 0)
     local, valid = _rank_share(rows, world, rank)
     generation = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
     generation.update(pad_token_id=tokenizer.pad_token_id, synced_gpus=world > 1)
-    plan = _SamplingPlan(funcs, num_samples, generation, batch_size, success_threshold, greedy)
-    is_main = accelerator is None or accelerator.is_main_process
-    description = f"pass@k eval ({len(rows)} prompts x {num_samples} samples, {world} process{'es' * (world > 1)})"
-    bar = tqdm(total=len(local), desc=description, unit="prompt", disable=not (progress and is_main))
-    table = _gathered_table(_sampled_stats(model, tokenizer, local, plan, bar), valid, accelerator)
+    plan = _SamplingPlan(_as_list(reward_funcs), num_samples, generation, batch_size, success_threshold, greedy)
+    bar = _progress_bar(len(local), len(rows), num_samples, world, shown=progress and _is_main_process(accelerator))
+    with _seeded(seed, rank, model):
+        table = _gathered_table(_sampled_stats(model, tokenizer, local, plan, bar), valid, accelerator)
     return _pass_at_k_metrics(table[table[:, 4] > 0], ks, num_samples, greedy)
 
 
@@ -356,6 +381,7 @@ class PassAtKCallback(TrainerCallback):
             self.eval_steps = max(1, int(self.eval_steps * max(1, args.max_steps)))
         self.eval_steps = int(self.eval_steps)
         self.eval_on_start = eval_on_start
+        kwargs.setdefault("seed", getattr(args, "seed", 0))  # every evaluation samples alike: paired over steps
         self.options = dict(
             num_samples=num_samples,
             ks=ks,

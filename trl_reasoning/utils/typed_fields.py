@@ -87,8 +87,26 @@ def coerce_value(name: str, kind: type, optional: bool, value: Any) -> Any:
     raise ConfigFieldTypeError(f"{name} must be a float, got {_describe(value)}.")
 
 
+@cache
+def _optional_fields(config_class: type) -> frozenset[str]:
+    """The init fields of `config_class` whose type admits `None`."""
+    hints = typing.get_type_hints(config_class)
+    optional = set()
+    for field in dataclasses.fields(config_class):
+        hint = hints.get(field.name)
+        if field.init and typing.get_origin(hint) in (typing.Union, types.UnionType):
+            if type(None) in typing.get_args(hint):
+                optional.add(field.name)
+    return frozenset(optional)
+
+
 def coerce_field_types(config: Any) -> None:
-    """Check (and convert from strings) every `bool`/`int`/`float` field of the dataclass `config` in place."""
+    """Check (and convert from strings) every `bool`/`int`/`float` field of the dataclass `config` in place; the
+    string `"None"` in a field that admits `None` (what a command line such as `--ratio_anchor None` passes) is
+    `None`, as YAML's `null` is."""
+    for name in _optional_fields(type(config)):
+        if getattr(config, name) == "None":
+            setattr(config, name, None)
     for name, (kind, optional) in _scalar_field_types(type(config)).items():
         value = getattr(config, name)
         converted = coerce_value(name, kind, optional, value)
