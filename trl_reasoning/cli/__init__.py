@@ -15,58 +15,80 @@ algorithm: the subcommand chooses it, and ``{preset}`` in the recipe's ``output_
 ``--task NAME`` chooses one of the tasks of ``trl_reasoning.tasks.TASKS``, which each task module registers.
 
 The package's modules: ``arguments`` (what each subcommand parses), ``commands`` (what each one does) and ``dispatch``
-(``run``/``main``: which command runs, and under ``accelerate launch`` when asked). Their names are re-exported here:
-``trl_reasoning.cli:main`` is the console script's entry point and ``python -m trl_reasoning.cli`` runs ``main``.
+(``run``/``main``: which command runs, and under ``accelerate launch`` when asked), and ``usage`` (the top-level
+``--help``, which imports no preset). Their public names are answered here on first use, as the package's own are:
+importing ``trl_reasoning.cli.usage`` must not import the presets, TRL or torch. ``python -m trl_reasoning.cli`` runs
+``main``.
 """
 
 from __future__ import annotations
 
-from .arguments import (
-    PRESET_PLACEHOLDER,
-    REWARD_FUNCS,
-    TRAINERS,
-    DataArguments,
-    EvalArguments,
-    available_presets,
-    fill_preset_name,
-    load_preset,
-    make_parser,
-    parse,
-    resolve_reward_funcs,
-    trl_soft_overlong_punishment,
-)
-from .commands import (
-    evaluate,
-    list_recipes,
-    load_task_dataset,
-    model_command,
-    recipes_command,
-    recipes_dir,
-    train,
-)
-from .dispatch import LAUNCH_FLAGS, main, run
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "LAUNCH_FLAGS",
-    "PRESET_PLACEHOLDER",
-    "REWARD_FUNCS",
-    "TRAINERS",
-    "DataArguments",
-    "EvalArguments",
-    "available_presets",
-    "evaluate",
-    "fill_preset_name",
-    "list_recipes",
-    "load_preset",
-    "load_task_dataset",
-    "main",
-    "make_parser",
-    "model_command",
-    "parse",
-    "recipes_command",
-    "recipes_dir",
-    "resolve_reward_funcs",
-    "run",
-    "train",
-    "trl_soft_overlong_punishment",
-]
+if TYPE_CHECKING:  # what the names below resolve to, for type checkers and editors
+    from .arguments import (  # noqa: F401
+        PRESET_PLACEHOLDER,
+        REWARD_FUNCS,
+        TRAINERS,
+        DataArguments,
+        EvalArguments,
+        available_presets,
+        fill_preset_name,
+        load_preset,
+        make_parser,
+        parse,
+        resolve_reward_funcs,
+        trl_soft_overlong_punishment,
+    )
+    from .commands import (  # noqa: F401
+        evaluate,
+        list_recipes,
+        load_task_dataset,
+        model_command,
+        recipes_command,
+        recipes_dir,
+        train,
+    )
+    from .dispatch import LAUNCH_FLAGS, main, run  # noqa: F401
+
+#: Each public name and the module of this package that defines it.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "PRESET_PLACEHOLDER",
+            "REWARD_FUNCS",
+            "TRAINERS",
+            "DataArguments",
+            "EvalArguments",
+            "available_presets",
+            "fill_preset_name",
+            "load_preset",
+            "make_parser",
+            "parse",
+            "resolve_reward_funcs",
+            "trl_soft_overlong_punishment",
+        ),
+        "arguments",
+    ),
+    **dict.fromkeys(
+        ("evaluate", "list_recipes", "load_task_dataset", "model_command", "recipes_command", "recipes_dir", "train"),
+        "commands",
+    ),
+    **dict.fromkeys(("LAUNCH_FLAGS", "main", "run"), "dispatch"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use and kept in this package's namespace."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

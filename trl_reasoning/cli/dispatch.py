@@ -8,31 +8,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..models.pretrained import SMOLLM2_NAME
 from ..utils.threads import torch_threads
 from .arguments import TRAINERS, load_preset, parse
 from .commands import end_processes, evaluate, model_command, recipes_command, train
-
-
-def _usage() -> str:
-    lines = [
-        "usage: trl-reasoning <command> [--config recipe.yaml] [--field value ...]",
-        "",
-        "commands:",
-        *[
-            f"  {name:<10} train with {trainer.__name__} ({config.__name__})"
-            for name, (config, trainer) in TRAINERS.items()
-        ],
-        "  train      --preset NAME: the same as the preset's command (a recipe serves every preset)",
-        "  demo       the offline demo: warm start, RL, before/after table, curves, model card",
-        "  eval       pass@k of a saved model on a dataset with a reward function",
-        "  recipes    list the shipped recipes (YAML); --copy DIR copies them",
-        f"  model      convert the offline pretrained model ({SMOLLM2_NAME}) into the cache and print its path",
-        "",
-        "`trl-reasoning <command> --help` lists every field with its default.",
-    ]
-    return "\n".join(lines)
-
+from .usage import asks_for_usage, usage
 
 #: Flags of an algorithm subcommand that go to `accelerate launch` rather than to the training config (as `trl grpo`).
 LAUNCH_FLAGS = {"--num_processes": "--num_processes", "--accelerate_config": "--config_file"}
@@ -120,8 +99,8 @@ def run(argv: Sequence[str] | None = None) -> Any:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(_usage())
+    if asks_for_usage(argv):
+        print(usage())
         return None
     command, rest = argv[0], argv[1:]
     if command == "train":
@@ -134,7 +113,7 @@ def run(argv: Sequence[str] | None = None) -> Any:
     if command == "model":
         return model_command(rest)
     if command not in ("demo", "eval") and command not in TRAINERS:
-        print(_usage(), file=sys.stderr)
+        print(usage(), file=sys.stderr)
         raise SystemExit(f"trl-reasoning: unknown command {command!r}.")
     if command == "demo":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -77,6 +77,11 @@ def console_main() -> None:
     ``python -m trl_reasoning.demo``) also prints each warning as its message alone (:func:`message_only`)."""
     import sys
 
+    from ..cli.usage import asks_for_usage, usage
+
+    if asks_for_usage(sys.argv[1:]):  # answered without importing the presets, TRL or torch
+        print(usage())
+        return
     quiet_library_noise()
     if sys.argv[1:2] == ["demo"]:
         warnings.formatwarning = message_only
