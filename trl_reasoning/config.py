@@ -308,6 +308,16 @@ class ReasoningConfig(GRPOConfig):
             policy, the rollout top-K). `None`: `per_device_train_batch_size` rows of the padded length, the bound of
             TRL's padded chunks. The loss's forward packs its whole micro-batch, as TRL runs it in one.
 
+        > Parameters of tool calls
+
+        tool_call_timeout (`float` or `None`, *optional*, defaults to `None`):
+            Seconds one tool call (a `tools` function or an environment's method) may take: a call past it fails as
+            a raising call fails in TRL (the model reads the error as the tool's response; it counts in
+            `tools/failure_frequency`). `None`: no limit, as TRL. Every tool's first failure is a warning naming it.
+        max_tool_response_tokens (`int` or `None`, *optional*, defaults to `None`):
+            The most tokens of one tool response the model reads; a longer text response is cut, with a note of what
+            was cut. `None`: no limit, as TRL.
+
         > Parameters of the reference reset
 
         reference_reset_steps (`int` or `None`, *optional*, defaults to `None`):
@@ -535,6 +545,18 @@ class ReasoningConfig(GRPOConfig):
     padding_free_token_budget: int | None = field(
         default=None,
         metadata={"help": "Padding-free: the most real tokens one no-grad forward packs. None = TRL's chunk bound."},
+    )
+    tool_call_timeout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds one tool call may take before it fails (its error the tool's response). None = no limit."
+        },
+    )
+    max_tool_response_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "The most tokens of one tool response the model reads (longer ones are cut). None = no limit."
+        },
     )
     reference_reset_steps: int | None = field(
         default=None,
@@ -807,12 +829,21 @@ class ReasoningConfig(GRPOConfig):
         self._resolve_overlong_cache_length()
         self._validate_reference_reset()
         self._validate_padding_free()
+        self._validate_tool_calls()
         self._validate_variants()
 
     def _validate_padding_free(self) -> None:  # types are coerced before; the trainer checks the model
         if self.padding_free_token_budget is not None and self.padding_free_token_budget < 1:
             raise ValueError(
                 f"padding_free_token_budget must be a positive integer, got {self.padding_free_token_budget}."
+            )
+
+    def _validate_tool_calls(self) -> None:
+        if self.tool_call_timeout is not None and not 0 < self.tool_call_timeout < math.inf:
+            raise ValueError(f"tool_call_timeout must be a positive number of seconds, got {self.tool_call_timeout}.")
+        if self.max_tool_response_tokens is not None and self.max_tool_response_tokens < 1:
+            raise ValueError(
+                f"max_tool_response_tokens must be a positive integer, got {self.max_tool_response_tokens}."
             )
 
     def _validate_reference_reset(self) -> None:

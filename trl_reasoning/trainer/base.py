@@ -64,10 +64,7 @@ from ..async_rollouts.protocols import AsyncRolloutHost, GenerateBackendHost, VL
 from ..config import ReasoningConfig
 from ..models.lm_head import cast_lm_head_to_fp32, unwrap_peft
 from ..models.model_card import ReasoningModelCardMixin
-from ..rewards.wrapping import (
-    check_reward_columns,
-    wrap_reward_function,
-)
+from ..rewards.wrapping import check_reward_columns, wrap_reward_function
 from ..utils.checkpointing import activation_checkpointing_disabled
 from ..utils.config_changes import mark_checked
 from ..utils.user_warnings import user_stacklevel
@@ -78,6 +75,7 @@ from .padding_free import PaddingFree, PaddingFreeHost
 from .prompt_lengths import ContextGuard, render_prompts
 from .reference_reset import reference_kept_on_resume, reference_reset_for
 from .rollout import Rollout, RolloutHost, loss_tokens
+from .tool_calls import tool_calls_guarded
 from .topk_forward import (
     FORWARD_KEYS,
     TopKEngineHost,
@@ -416,11 +414,11 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ TRL private override 7 of 9
     def _generate(self, prompts):
         """TRL's, or with asynchronous rollouts ``AsyncRollouts.generate``: the behaviour policy samples a training
-        batch and its log-probabilities are recorded. It assumes no state TRL's method does not (TRL's tests call it
-        on a trainer built without ``__init__``)."""
-        if getattr(self, "async_rollouts", None) is None:
-            return super()._generate(prompts)
-        return self.async_rollouts.generate(prompts)
+        batch and its log-probabilities are recorded; tool calls guarded (``tool_calls``). It assumes no state TRL's
+        method does not (TRL's tests call it on a trainer built without ``__init__``)."""
+        with tool_calls_guarded(self):
+            rollouts = getattr(self, "async_rollouts", None)
+            return super()._generate(prompts) if rollouts is None else rollouts.generate(prompts)
 
     # ------------------------------------------------------------------ TRL private override 8 of 9
     def _get_per_token_logps_and_entropies(

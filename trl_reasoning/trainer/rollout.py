@@ -377,10 +377,10 @@ class Rollout:
         if host.beta != 0.0 and ADVANTAGE_ESTIMATORS.trait(estimator, "kl_in_return", False):
             self.old_logps(output)  # pi_old of the per-token KL, computed now so that it travels with every row
         if args.kl_in_reward and host.beta != 0.0:
-            old = self.old_logps(output)
-            kl = host.accelerator.gather(sequence_kl(old, output["ref_per_token_logps"], output["completion_mask"]))
+            old, counted = self.old_logps(output), loss_tokens(output)  # the model's own tokens: no tool output
+            kl = host.accelerator.gather(sequence_kl(old, output["ref_per_token_logps"], counted))
             rewards = rewards - host.beta * kl
-            tokens = host.accelerator.gather(output["completion_mask"].sum(dim=1).float()).sum().clamp(min=1)
+            tokens = host.accelerator.gather(counted.sum(dim=1).float()).sum().clamp(min=1)
             metrics["kl"].append((kl.sum() / tokens).item())
         metrics["reward_shaped/mean"].append(torch.nanmean(rewards).item())
         return rewards

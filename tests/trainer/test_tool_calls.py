@@ -1,0 +1,231 @@
+"""Tool calls that fail, hang or answer at length: ``trl_reasoning.trainer.tool_calls`` and its place in TRL's loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import warnings
+
+import pytest
+from conftest import cpu_args, logged_metric, make_prompts
+
+import trl_reasoning as tr
+from trl_reasoning.models.tiny import build_tokenizer, save_tiny_model
+from trl_reasoning.trainer.tool_calls import ToolCallGuard, ToolCallTimeout
+
+
+def _guarded(guard: ToolCallGuard, **tools) -> dict:
+    table = dict(tools)
+    guard.guard([table], None)
+    return table
+
+
+class _WordTokenizer:
+    """One token per whitespace-separated word: enough to count and cut a response."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": text.split()}
+
+    def decode(self, ids):
+        return " ".join(ids)
+
+
+def test_a_failing_tool_is_warned_once_by_name_counted_and_still_raises_for_trl():
+    def divide(a, b):
+        return a / b
+
+    guard = ToolCallGuard(timeout=None, max_response_tokens=None, tokenizer=None)
+    table = _guarded(guard, divide=divide)
+    with pytest.warns(UserWarning, match=r"Tool 'divide' failed: ZeroDivisionError: division by zero"):
+        with pytest.raises(ZeroDivisionError):
+            table["divide"](a=1, b=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second failure is counted, not warned again
+        with pytest.raises(ZeroDivisionError):
+            table["divide"](a=2, b=0)
+        assert table["divide"](a=6, b=3) == 2.0
+    assert guard.take_failures() == {"divide": 2}
+    assert guard.take_failures() == {}  # taken once
+    assert guard.failed_names == {"divide"}
+    assert table["divide"].__name__ == "divide"  # TRL finds a tool by its name
+    guard.guard([table], None)
+    assert table["divide"].__wrapped__ is divide  # wrapped once, not again
+
+
+def test_a_hanging_sync_tool_fails_after_the_timeout_without_holding_up_the_caller():
+    def hang():
+        time.sleep(30)
+
+    guard = ToolCallGuard(timeout=0.3, max_response_tokens=None, tokenizer=None)
+    table = _guarded(guard, hang=hang, quick=lambda: "ok")
+    started = time.perf_counter()
+    with pytest.warns(UserWarning, match="Tool 'hang' failed: ToolCallTimeout"):
+        with pytest.raises(ToolCallTimeout, match=r"tool 'hang' did not answer within 0.3 s \(tool_call_timeout\)"):
+            table["hang"]()
+    assert time.perf_counter() - started < 5
+    assert table["quick"]() == "ok"
+
+
+def test_a_hanging_async_tool_is_cancelled_after_the_timeout():
+    async def hang():
+        await asyncio.sleep(30)
+
+    async def answer(x):
+        return x + 1
+
+    guard = ToolCallGuard(timeout=0.2, max_response_tokens=None, tokenizer=None)
+    table = {"hang": hang, "answer": answer}
+    guard.guard(None, [table])
+    assert asyncio.run(table["answer"](x=1)) == 2
+    with pytest.warns(UserWarning, match="Tool 'hang' failed"):
+        with pytest.raises(ToolCallTimeout):
+            asyncio.run(table["hang"]())
+    assert asyncio.iscoroutinefunction(table["hang"])
+
+
+def test_a_long_text_response_is_cut_to_the_token_bound_and_others_are_left_alone():
+    guard = ToolCallGuard(timeout=None, max_response_tokens=3, tokenizer=_WordTokenizer())
+    table = _guarded(
+        guard,
+        long=lambda: "one two three four five",
+        short=lambda: "one two",
+        number=lambda: 12345,
+        images=lambda: [{"type": "text", "text": "a b c d e"}],
+    )
+    assert table["long"]() == "one two three [... 2 more tokens of long's response cut]"
+    assert table["short"]() == "one two"
+    assert table["number"]() == 12345
+    assert table["images"]() == [{"type": "text", "text": "a b c d e"}]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("tool_call_timeout", 0.0), ("tool_call_timeout", float("inf")), ("max_tool_response_tokens", 0)],
+)
+def test_invalid_settings_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        tr.ReasoningConfig(**cpu_args(**{field: value}))
+
+
+def _tool_calling_model(tmp_path):
+    """The tiny model with room for TRL's tool section in the prompt, and its tokenizer with a template that renders
+    tool calls (passed in memory: the character tokenizer is the one that keeps whitespace, which the template's
+    parser needs)."""
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    path = save_tiny_model(tmp_path / "tool-model", seed=0)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = qwen2_5_chat_template
+    return str(path), tokenizer
+
+
+def slow_lookup(key: str) -> str:
+    """Looks a key up.
+
+    Args:
+        key: The key.
+    """
+    time.sleep(30)
+    return key
+
+
+def test_in_trl_s_own_loop_a_hanging_tool_ends_its_turn_with_the_timeout_as_its_response(tmp_path):
+    """The random tiny model never calls a tool, so the first turn of every rollout is a call written out (a stand-in
+    sampler at TRL's ``_generate_single_turn``); everything after it is TRL's loop with the guard: the call times out,
+    the model reads the error, the next turn is sampled after it, and the failure is logged by name."""
+    model, tokenizer = _tool_calling_model(tmp_path)
+    args = tr.ReasoningConfig(
+        **cpu_args(output_dir=str(tmp_path / "out"), max_steps=1, max_completion_length=400, tool_call_timeout=0.5)
+    )
+    seen = []
+
+    def records_completions(completions, **kwargs):
+        seen.extend(completions)
+        return [0.0] * len(completions)
+
+    trainer = tr.ReasoningTrainer(
+        model=model,
+        reward_funcs=records_completions,
+        args=args,
+        train_dataset=make_prompts(),
+        processing_class=tokenizer,
+        tools=[slow_lookup],
+    )
+    call = '<tool_call>\n{"name": "slow_lookup", "arguments": {"key": "x"}}\n</tool_call>'
+    turns = [tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id] for text in (call, "done")]
+    sampled_turns = []
+    real_turn = trainer._generate_single_turn
+
+    def first_turn_calls_the_tool(prompt_ids, *rest, **kwargs):
+        _, logprobs = real_turn(prompt_ids, *rest, **kwargs)
+        ids = turns[min(len(sampled_turns), 1)]
+        sampled_turns.append(len(prompt_ids))
+        return [ids for _ in prompt_ids], logprobs
+
+    trainer._generate_single_turn = first_turn_calls_the_tool
+    started = time.perf_counter()
+    with pytest.warns(UserWarning, match=r"Tool 'slow_lookup' failed: ToolCallTimeout: tool 'slow_lookup' did not"):
+        trainer.train()
+    assert time.perf_counter() - started < 25  # 8 rollouts x 0.5 s, not 8 x 30 s
+    assert sampled_turns == [8, 8]  # the call, then the turn after the tool's (error) response
+    assert logged_metric(trainer, "tools/call_frequency") == [1.0]
+    assert logged_metric(trainer, "tools/failure_frequency") == [1.0]
+    assert logged_metric(trainer, "tools/failures/slow_lookup") == [8.0]
+    assert [message["role"] for message in seen[0]] == ["assistant", "tool", "assistant"]
+    assert "did not answer within 0.5 s" in seen[0][1]["content"] and seen[0][2]["content"] == "done"
+
+
+def lookup(key: str) -> str:
+    """Looks a key up.
+
+    Args:
+        key: The key.
+    """
+    return f"value of {key}"
+
+
+def test_the_kl_in_the_reward_counts_the_model_s_tokens_not_the_tool_s(tmp_path, monkeypatch):
+    """With ``kl_in_reward`` (RLOO's KL), the sequence KL sums the model's own tokens: the tool's response is not the
+    policy's choice (TRL's loss leaves it out by ``tool_mask``; the KL in the reward must too)."""
+    from trl_reasoning.trainer import rollout
+
+    model, tokenizer = _tool_calling_model(tmp_path)
+    args = tr.ReasoningConfig(
+        **cpu_args(output_dir=str(tmp_path / "out"), max_steps=1, max_completion_length=400, beta=0.05),
+        kl_in_reward=True,
+    )
+    trainer = tr.ReasoningTrainer(
+        model=model,
+        reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+        args=args,
+        train_dataset=make_prompts(),
+        processing_class=tokenizer,
+        tools=[lookup],
+    )
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"key": "x"}}\n</tool_call>'
+    turns = [tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id] for text in (call, "done")]
+    sampled = []
+    real_turn = trainer._generate_single_turn
+
+    def first_turn_calls_the_tool(prompt_ids, *rest, **kwargs):
+        _, logprobs = real_turn(prompt_ids, *rest, **kwargs)
+        ids = turns[min(len(sampled), 1)]
+        sampled.append(len(prompt_ids))
+        return [ids for _ in prompt_ids], logprobs
+
+    trainer._generate_single_turn = first_turn_calls_the_tool
+    masks = []
+    real_sequence_kl = rollout.sequence_kl
+
+    def recording(old, ref, mask):
+        masks.append(mask.clone())
+        return real_sequence_kl(old, ref, mask)
+
+    monkeypatch.setattr(rollout, "sequence_kl", recording)
+    trainer.train()
+    (mask,) = masks
+    model_tokens = len(turns[0]) + len(turns[1])
+    assert mask.sum(dim=1).tolist() == [model_tokens] * mask.size(0)  # the tool's response and its template are out
