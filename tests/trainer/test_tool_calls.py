@@ -8,6 +8,7 @@ import time
 import warnings
 
 import pytest
+import torch
 from conftest import cpu_args, logged_metric, make_prompts
 
 import trl_reasoning as tr
@@ -229,3 +230,84 @@ def test_the_kl_in_the_reward_counts_the_model_s_tokens_not_the_tool_s(tmp_path,
     (mask,) = masks
     model_tokens = len(turns[0]) + len(turns[1])
     assert mask.sum(dim=1).tolist() == [model_tokens] * mask.size(0)  # the tool's response and its template are out
+
+
+def _rows(batch: dict, key: str, mask_key: str) -> list[list[int]]:
+    """The unpadded rows of ``batch[key]`` (``mask_key`` marks the real tokens)."""
+    return [ids[mask.bool()].tolist() for ids, mask in zip(batch[key], batch[mask_key], strict=True)]
+
+
+@pytest.mark.parametrize("staleness", [pytest.param(None, id="synchronous"), pytest.param(1, id="inline-k1")])
+def test_a_two_turn_sample_token_by_token(tmp_path, staleness):
+    """A rollout of call, tool response, answer: the completion is the three end to end with the tool's tokens exactly
+    as TRL's template renders them, the mask is 1 on the model's tokens and 0 on the tool's, and with asynchronous
+    rollouts the sampler's log-probs of the model's tokens are those of the weights ``k`` steps earlier (an
+    independent float64 recomputation), every turn from that one version."""
+    from conftest import logps_under
+    from transformers import TrainerCallback
+
+    model, tokenizer = _tool_calling_model(tmp_path)
+    settings = (
+        {} if staleness is None else dict(async_rollouts=True, async_generator="inline", max_staleness=staleness)
+    )
+    args = tr.ReasoningConfig(
+        **cpu_args(output_dir=str(tmp_path / "out"), max_steps=2, max_completion_length=400, **settings)
+    )
+    trainer = tr.ReasoningTrainer(
+        model=model,
+        reward_funcs=lambda completions, **kwargs: [float(i % 2) for i in range(len(completions))],  # it learns
+        args=args,
+        train_dataset=make_prompts(),
+        processing_class=tokenizer,
+        tools=[lookup],
+    )
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"key": "x"}}\n</tool_call>'
+    turns = [tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id] for text in (call, "done")]
+    suffix = trainer._get_tool_suffix_ids([{"role": "tool", "name": "lookup", "content": "value of x"}])
+
+    def first_turn_calls_the_tool(prompt_ids, *rest, **kwargs):
+        first = tokenizer.decode(prompt_ids[0][-12:]).endswith("assistant\n") and "<tool_response>" not in (
+            tokenizer.decode(prompt_ids[0])
+        )
+        return [turns[0] if first else turns[1] for _ in prompt_ids], None
+
+    trainer._generate_single_turn = first_turn_calls_the_tool
+    batches, weights_at_step = [], []
+    real_scoring = trainer._generate_and_score_completions
+
+    def recorded(inputs):
+        batch = real_scoring(inputs)
+        batches.append(batch)
+        return batch
+
+    class WeightsAtStepBegin(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            weights_at_step.append({k: v.detach().clone() for k, v in model.named_parameters()})
+
+    trainer._generate_and_score_completions = recorded
+    trainer.add_callback(WeightsAtStepBegin())
+    trainer.train()
+
+    expected_ids = turns[0] + suffix + turns[1]
+    expected_mask = [1] * len(turns[0]) + [0] * len(suffix) + [1] * len(turns[1])
+    for batch in batches:
+        for ids, mask, length in zip(
+            batch["completion_ids"], batch["tool_mask"], batch["completion_mask"].sum(dim=1), strict=True
+        ):
+            assert ids[: int(length)].tolist() == expected_ids
+            assert mask[: int(length)].tolist() == expected_mask
+    if staleness is None:
+        return
+    # step 1's batch was sampled by the weights at the start of step 0, not by those at the start of step 1
+    batch = batches[1]
+    prompt_ids, completion_ids = (
+        _rows(batch, "prompt_ids", "prompt_mask"),
+        _rows(batch, "completion_ids", "completion_mask"),
+    )
+    behaviour = logps_under(trainer.model, weights_at_step[0], prompt_ids, completion_ids, args.temperature)
+    current = logps_under(trainer.model, weights_at_step[1], prompt_ids, completion_ids, args.temperature)
+    model_tokens = torch.tensor(expected_mask, dtype=torch.bool)
+    for row, (mu, old, now) in enumerate(zip(batch["sampling_per_token_logps"], behaviour, current, strict=True)):
+        mu = mu[: len(expected_ids)].double()
+        assert torch.allclose(mu[model_tokens], old[model_tokens], atol=1e-5), row
+        assert not torch.allclose(mu[model_tokens], now[model_tokens], atol=1e-3), row
