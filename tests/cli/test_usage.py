@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from trl_reasoning.cli.arguments import TRAINERS
 from trl_reasoning.cli.usage import ALGORITHM_COMMANDS, usage
 
@@ -31,3 +33,14 @@ def test_the_console_help_imports_no_preset_trl_or_torch():
     assert "usage: trl-reasoning <command>" in result.stdout
     assert "imported: []" in result.stdout
     assert result.stderr == ""
+
+
+def test_the_lazy_cli_package_answers_its_names_and_modules():
+    """``trl_reasoning.cli`` imports its parts on first use; every exported name and module is still an attribute."""
+    import trl_reasoning.cli as cli
+
+    for name in cli.__all__:
+        assert getattr(cli, name) is not None, name
+    assert cli.commands.__name__ == "trl_reasoning.cli.commands"
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        getattr(cli, "nothing")  # noqa: B009

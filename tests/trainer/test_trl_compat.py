@@ -363,3 +363,16 @@ def test_a_built_trainer_without_a_protocol_attribute_is_named(tiny_model_path, 
                 seam.check_rollout_host(trainer, *checked)
         finally:
             setattr(trainer, name, value)
+
+
+def test_a_trl_that_no_longer_builds_the_tool_tables_is_named(monkeypatch):
+    """The tool-call guard wraps the per-rollout tool tables TRL's scoring builds: a TRL that builds them elsewhere, or
+    under another name, must fail loudly when a trainer is built, not leave the tools unguarded in silence."""
+    original = GRPOTrainer._generate_and_score_completions
+
+    def without_tables(self, inputs):  # a TRL release that moved the tables
+        return original(self, inputs)
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", without_tables)
+    with pytest.raises(seam.TRLCompatibilityError, match=r"no longer sets self\._sync_tool_dicts"):
+        seam.check_trl_private_api(GRPOTrainer)

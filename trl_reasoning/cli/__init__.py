@@ -78,14 +78,20 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("LAUNCH_FLAGS", "main", "run"), "dispatch"),
 }
 
+#: The modules of this package, answered as attributes as an eager package would have them.
+_SUBMODULES = ("arguments", "commands", "dispatch", "usage")
+
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use and kept in this package's namespace."""
-    if name not in _EXPORTS:
+    """A public name (or a submodule: ``cli.commands``), imported on first use and kept in this package's namespace."""
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     globals()[name] = value
     return value
 

@@ -158,6 +158,7 @@ def tool_calls_guarded(host: Any) -> Iterator[None]:
             getattr(args, "tool_call_timeout", None), getattr(args, "max_tool_response_tokens", None), host._tokenizer
         )
         host.tool_call_guard = guard
+    # TRL_TOOL_TABLES (checked against TRL's source by check_trl_private_api)
     guard.guard(getattr(host, "_sync_tool_dicts", None), getattr(host, "_async_tool_dicts", None))
     try:
         yield

@@ -158,6 +158,11 @@ TRL_VLLM_INSTANCE_ATTRIBUTES = ("vllm_generation", "vllm_mode", "_last_loaded_st
 TRL_GENERATE_INSTANCE_ATTRIBUTES = ("generation_config", "generation_kwargs")
 
 
+#: The per-rollout tool tables (name -> callable) ``GRPOTrainer._generate_and_score_completions`` builds for each batch
+#: and its tool loop calls: ``trainer/tool_calls.py`` wraps their callables (a timeout, failures named).
+TRL_TOOL_TABLES = ("_sync_tool_dicts", "_async_tool_dicts")
+
+
 def trl_instance_attributes(use_vllm: bool) -> tuple[str, ...]:
     """The ``GRPOTrainer`` instance attributes a trainer with this generation backend must have."""
     backend = TRL_VLLM_INSTANCE_ATTRIBUTES if use_vllm else TRL_GENERATE_INSTANCE_ATTRIBUTES
@@ -210,7 +215,8 @@ def _signature_problems(owner: str, namespace: Any, expected_parameters: dict[st
 def check_trl_private_api(trainer_class: type = GRPOTrainer) -> None:
     """Raise :class:`TRLCompatibilityError` naming every entry of ``TRL_PRIVATE_API`` that ``trainer_class`` lacks or
     whose leading parameters changed (likewise ``TRL_HELPER_FUNCTIONS`` and ``TRL_VLLM_GENERATION``), and every
-    guarded instance attribute that TRL's ``GRPOTrainer.__init__`` no longer sets."""
+    guarded instance attribute that TRL's ``GRPOTrainer.__init__`` no longer sets (and the tool tables its scoring
+    sets, ``TRL_TOOL_TABLES``)."""
     import trl
     import trl.trainer.utils as trl_utils
     from transformers.generation.utils import GenerationMixin
@@ -223,6 +229,10 @@ def check_trl_private_api(trainer_class: type = GRPOTrainer) -> None:
     problems += _signature_problems("VLLMClient", VLLMClient, TRL_VLLM_CLIENT_GENERATE)
     problems += _signature_problems("transformers GenerationMixin", GenerationMixin, TRANSFORMERS_PRIVATE_API)
     problems += trl_attribute_problems(inspect.getsource(GRPOTrainer.__init__))
+    scoring_source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    for attribute in TRL_TOOL_TABLES:
+        if f"self.{attribute} =" not in scoring_source:
+            problems.append(f"GRPOTrainer._generate_and_score_completions no longer sets self.{attribute}")
     class_source = inspect.getsource(VLLMGeneration)
     for attribute in TRL_VLLM_GENERATION_ATTRIBUTES:
         if f"self.{attribute} =" not in class_source:
