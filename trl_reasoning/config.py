@@ -227,7 +227,8 @@ class ReasoningConfig(GRPOConfig):
             (HF `generate`), which samples the next `k` batches while the trainer trains; each call is seeded, so
             both generators give the same batches. `"process"` needs `max_staleness >= 1`, one generation per
             optimizer step (`steps_per_generation * num_iterations == gradient_accumulation_steps`, TRL's default),
-            no vLLM (vLLM is its own engine), no tools, a text model and no bitsandbytes quantization. `"server"`:
+            no vLLM (vLLM is its own engine), no `environment_factory` (`tools` are run: each later turn is sampled
+            by the worker with the batch's weights), a text model and no bitsandbytes quantization. `"server"`:
             TRL's vLLM server (`use_vllm=True, vllm_mode="server"`) samples the next `k` batches while the trainer
             trains: each batch's behaviour weights are pushed with TRL's weight sync as soon as they exist and its
             prompts sent with TRL's client from a background thread (the server's own sampling seeds; needs

@@ -311,3 +311,99 @@ def test_a_two_turn_sample_token_by_token(tmp_path, staleness):
         mu = mu[: len(expected_ids)].double()
         assert torch.allclose(mu[model_tokens], old[model_tokens], atol=1e-5), row
         assert not torch.allclose(mu[model_tokens], now[model_tokens], atol=1e-3), row
+
+
+@pytest.mark.slow
+def test_the_generator_process_samples_every_turn_with_the_batch_s_behaviour_weights(tmp_path):
+    """``async_generator="process"`` with ``tools``: the first turn is sampled ahead by the worker (written out here as
+    a call: the random tiny model never calls a tool), TRL's loop runs the tool when the batch is trained, and the
+    next turn is sampled by the same worker with the batch's behaviour weights (those of one step earlier), not the
+    current ones: its tokens' sampler log-probs match a float64 recomputation under the earlier weights."""
+    from conftest import logps_under
+    from transformers import TrainerCallback
+
+    model, tokenizer = _tool_calling_model(tmp_path)
+    args = tr.ReasoningConfig(
+        **cpu_args(output_dir=str(tmp_path / "out"), max_steps=2, max_completion_length=300),
+        async_rollouts=True,
+        async_generator="process",
+        max_staleness=1,
+    )
+    trainer = tr.ReasoningTrainer(
+        model=model,
+        reward_funcs=lambda completions, **kwargs: [float(i % 2) for i in range(len(completions))],  # it learns
+        args=args,
+        train_dataset=make_prompts(),
+        processing_class=tokenizer,
+        tools=[lookup],
+    )
+    assert trainer.async_rollouts.snapshot_reason.startswith("tool calls")
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"key": "x"}}\n</tool_call>'
+    first_turn = tokenizer.encode(call, add_special_tokens=False) + [tokenizer.eos_token_id]
+    suffix = trainer._get_tool_suffix_ids([{"role": "tool", "name": "lookup", "content": "value of x"}])
+    pipeline = trainer.async_rollouts.pipeline
+    real_collect = pipeline.collect
+
+    def first_turn_is_a_call(step, prompts):
+        rollout = real_collect(step, prompts)
+        rows = len(rollout["completion_ids"])
+        # a list per row: TRL's tool loop extends each row's in place
+        return {
+            **rollout,
+            "completion_ids": [list(first_turn) for _ in range(rows)],
+            "logprobs": [[0.0] * len(first_turn) for _ in range(rows)],
+        }
+
+    pipeline.collect = first_turn_is_a_call
+    batches, weights_at_step = [], []
+    real_scoring = trainer._generate_and_score_completions
+
+    def recorded(inputs):
+        batch = real_scoring(inputs)
+        batches.append(batch)
+        return batch
+
+    class WeightsAtStepBegin(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            weights_at_step.append({k: v.detach().clone() for k, v in model.named_parameters()})
+
+    trainer._generate_and_score_completions = recorded
+    trainer.add_callback(WeightsAtStepBegin())
+    trainer.train()
+
+    assert logged_metric(trainer, "tools/call_frequency") == [1.0, 1.0]
+    batch = batches[1]  # sampled ahead at step 0, its second turn sampled at step 1
+    prompt_ids, completion_ids = (
+        _rows(batch, "prompt_ids", "prompt_mask"),
+        _rows(batch, "completion_ids", "completion_mask"),
+    )
+    start = len(first_turn) + len(suffix)
+    behaviour = logps_under(trainer.model, weights_at_step[0], prompt_ids, completion_ids, args.temperature)
+    current = logps_under(trainer.model, weights_at_step[1], prompt_ids, completion_ids, args.temperature)
+    for row, ids in enumerate(completion_ids):
+        assert ids[:start] == first_turn + suffix and len(ids) > start, row
+        mask = batch["tool_mask"][row, : len(ids)].tolist()
+        assert mask == [1] * len(first_turn) + [0] * len(suffix) + [1] * (len(ids) - start), row
+        mu = batch["sampling_per_token_logps"][row, start : len(ids)].double()
+        assert torch.allclose(mu, behaviour[row][start:], atol=1e-4), row
+        assert not torch.allclose(mu, current[row][start:], atol=1e-3), row
+
+
+def test_the_generator_process_takes_tools_and_refuses_environments_naming_the_way_out():
+    import dataclasses
+
+    from trl_reasoning.async_rollouts.generators import AheadRun, generator_backend
+
+    plain = AheadRun(
+        uses_vllm=False,
+        vllm_mode=None,
+        tools=True,
+        vision_language=False,
+        one_generation_per_step=True,
+        quantized=False,
+    )
+    process = generator_backend("process")
+    assert process.unsupported(plain) == []
+    (refused,) = process.unsupported(dataclasses.replace(plain, environments=True))
+    assert "environment_factory" in refused and "async_generator='inline'" in refused
+    assert generator_backend("server").unsupported(plain)  # the vLLM server does not run tools yet

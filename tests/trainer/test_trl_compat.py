@@ -37,6 +37,7 @@ def test_every_override_is_listed():
         "_save_checkpoint",
         "_load_optimizer_and_scheduler",
         "_generate",
+        "_generate_single_turn",
         "_get_per_token_logps_and_entropies",
         "_prepare_inputs",
     }

@@ -81,6 +81,12 @@ class ReadAhead:
         return {self.next_step + i // per_step: self._buffer[i] for i in range(0, len(self._buffer), per_step)}
 
 
+#: Job keys of later turns (:meth:`AheadPipeline.sample_turn`): past any generation step a run reaches.
+TURN_KEYS = 10**12
+#: A later turn's seed is its batch's plus this times the turn, so that each turn draws its own numbers.
+TURN_SEED_STRIDE = 1_000_003
+
+
 class AheadPipeline(TrainerCallback):
     """Asynchronous rollouts with a generator that samples ahead of the trainer: in the training process
     (``async_generator="inline"``, :class:`~trl_reasoning.async_rollouts.inline_generator.InProcessGenerator`), a
@@ -118,6 +124,7 @@ class AheadPipeline(TrainerCallback):
         self.last_step: int | None = None  # the last generation step this train() trains (none is sampled past it)
         self.last_generation_seconds = self.last_wait_seconds = 0.0  # the generator's time on a batch; the wait for it
         self.last_ranked: tuple[list, list, list] | None = None  # a vLLM server's top-K of the last batch (DPPO)
+        self._turn_jobs = 0  # later turns sent so far (their job keys follow TURN_KEYS)
 
     @property
     def generator(self) -> Generator:
@@ -205,6 +212,19 @@ class AheadPipeline(TrainerCallback):
             completions, logps, self.last_generation_seconds, self.last_wait_seconds = self.generator.result(step)
             self.last_ranked = self.generator.last_ranked
         return {"prompt_ids": prompt_ids, "completion_ids": completions, "logprobs": logps}
+
+    def sample_turn(self, step: int, prompt_ids: list[list[int]], turn: int) -> tuple[list, list]:
+        """A later turn of the batch of generation ``step`` (TRL's tool loop continues each rollout from its prompt,
+        completion and tool response, ``prompt_ids``): sampled by the generator with the batch's own behaviour
+        weights, so that every turn of a sample comes from one policy version. Waits for it."""
+        weights = self.behaviour.versioned_for(step, self._weights_now())
+        key = TURN_KEYS + self._turn_jobs
+        self._turn_jobs += 1
+        self.generator.submit(GenerationJob(key, prompt_ids, weights, self._seed_of(step) + TURN_SEED_STRIDE * turn))
+        completions, logps, seconds, waited = self.generator.result(key)
+        self.last_generation_seconds += seconds
+        self.last_wait_seconds += waited
+        return completions, logps
 
     def release_engine(self) -> None:
         """Before the trainer's own generation (an evaluation, an extra dynamic-sampling round): a vLLM server first

@@ -66,7 +66,10 @@ def snapshots_needed_by(host: AsyncRolloutHost) -> str | None:
         return "dynamic sampling's extra rounds are sampled by the weights of k steps earlier after round 0's rewards"
     if host._uses_topk_divergence and not host.use_vllm:
         return "DPPO's top-K divergence is computed from the model with the behaviour weights"
-    return generator_backend(args.async_generator).step_time_reason(host)
+    reason = generator_backend(args.async_generator).step_time_reason(host)
+    if reason is None and host.tools:
+        return "tool calls: the turns after the first are sampled when the batch is trained, by the weights of k steps earlier"
+    return reason
 
 
 def ahead_run(host: AsyncRolloutHost) -> AheadRun:
@@ -81,6 +84,7 @@ def ahead_run(host: AsyncRolloutHost) -> AheadRun:
         quantized=getattr(host.model, "is_loaded_in_4bit", False) or getattr(host.model, "is_loaded_in_8bit", False),
         rollout_func=host.rollout_func is not None,
         continuous_batching=bool(getattr(args, "use_transformers_continuous_batching", False)),
+        environments=host.environment_factories is not None,
     )
 
 
@@ -95,6 +99,7 @@ def check_ahead_generator(
     quantized: bool,
     rollout_func: bool = False,
     continuous_batching: bool = False,
+    environments: bool = False,
 ) -> None:
     """A generator that samples ahead (``async_generator="process"`` or ``"server"``) refuses, naming each with its way
     out, what it cannot sample as TRL's ``_generate`` would (its ``GeneratorBackend.unsupported``): everything else
@@ -110,6 +115,7 @@ def check_ahead_generator(
         quantized=quantized,
         rollout_func=rollout_func,
         continuous_batching=continuous_batching,
+        environments=environments,
     )
     refuse_unsupported(generator, run)
 

@@ -52,6 +52,7 @@ class AheadRun:
     quantized: bool
     rollout_func: bool = False
     continuous_batching: bool = False
+    environments: bool = False  # environment_factory (``tools`` is True with it too)
 
 
 class GeneratorBackend:

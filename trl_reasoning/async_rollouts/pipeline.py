@@ -147,6 +147,8 @@ class AsyncRollouts:
         self.behaviour = BehaviourWeights(host.args.max_staleness, keep_all=self.snapshot_reason is not None)
         self.generates_with_vllm = host.use_vllm  # use_vllm reads True while TRL scores a batch (see scoring)
         self.generation_round = 0  # generation calls so far in this generation step (dynamic sampling: several)
+        self._collecting: int | None = None  # the generation step whose sampled-ahead batch TRL is decoding
+        self._turn = 0  # its turns so far (tool calls continue a rollout turn by turn)
         # the training process's weight transport: the in-process generator's, and what TRL's sync sends to a server
         self.model_swap = ModelSwap(
             lambda: trainable_parameters(host.model),
@@ -273,16 +275,27 @@ class AsyncRollouts:
         own_rollout_func, backend = host.rollout_func, host.use_vllm
         host.rollout_func = lambda _prompts, _trainer: rollout
         host.use_vllm = False  # TRL would sync the current weights to a vLLM server that samples ahead with others
+        self._collecting, self._turn = step, 0  # TRL's tool loop samples later turns through later_turn
         try:
             generated = host.trl_generate(prompts)
         finally:
             host.rollout_func, host.use_vllm = own_rollout_func, backend
+            self._collecting = None
         if host._engine_topk is not None and self.pipeline.last_ranked is not None:
             host._engine_topk.append(self.pipeline.last_ranked)  # DPPO top-K: the server's own
         # how much of the generator's time the trainer still waited for (0: fully overlapped)
         host._metrics["train"]["async/generation_seconds"].append(self.pipeline.last_generation_seconds)
         host._metrics["train"]["async/wait_seconds"].append(self.pipeline.last_wait_seconds)
         return generated
+
+    def later_turn(self, prompt_ids: list[list[int]]) -> tuple[list, list] | None:
+        """A later turn of the batch TRL is decoding from the generator that sampled it ahead (TRL's tool loop calls
+        ``_generate_single_turn`` with each rollout's prompt, completion and tool response): by the same generator
+        with the batch's own behaviour weights. ``None`` outside such a batch: TRL's own generation then runs."""
+        if self._collecting is None:
+            return None
+        self._turn += 1
+        return self.pipeline.sample_turn(self._collecting, prompt_ids, self._turn)
 
     def _sampling_seed(self, seed: int):
         """With a lag, every generation call samples with its own seed (so the worker and the in-process generator

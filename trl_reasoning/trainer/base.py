@@ -353,7 +353,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             options = {} if outputs is None else {"outputs": outputs}
             add_fused_lm_head(base, temperature=self.temperature, cast_lm_head_to_fp32=True, **options)
 
-    # ------------------------------------------------------------------ TRL private override 1 of 9
+    # ------------------------------------------------------------------ TRL private override 1 of 10
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if getattr(self.args, "on_reward_error", "raise") == "exclude":
@@ -377,7 +377,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         self._scored_batch = (rewards_per_func, self.accelerator.gather(lengths))
         return rewards_per_func
 
-    # ------------------------------------------------------------------ TRL private override 2 of 9
+    # ------------------------------------------------------------------ TRL private override 2 of 10
     def _generate_and_score_completions(self, inputs):
         """Where a batch comes from is ``self.rollout`` (``trl_reasoning.trainer.rollout``): rounds, shaping, selection."""
         if getattr(self, "rollout", None) is None:  # a trainer not built by __init__ (TRL's tests): TRL's method
@@ -411,7 +411,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         """The importance-sampling correction's weight (``ImportanceCorrection.weight``)."""
         return self.correction.weight(old_logps, sampler_logps, mask)
 
-    # ------------------------------------------------------------------ TRL private override 7 of 9
+    # ------------------------------------------------------------------ TRL private override 7 of 10
     def _generate(self, prompts):
         """TRL's, or with asynchronous rollouts ``AsyncRollouts.generate``: the behaviour policy samples a training
         batch and its log-probabilities are recorded; tool calls guarded (``tool_calls``). It assumes no state TRL's
@@ -420,7 +420,15 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             rollouts = getattr(self, "async_rollouts", None)
             return super()._generate(prompts) if rollouts is None else rollouts.generate(prompts)
 
-    # ------------------------------------------------------------------ TRL private override 8 of 9
+    # ------------------------------------------------------------------ TRL private override 10 of 10
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        """TRL's, or a later turn of a batch a generator process sampled ahead (TRL's tool loop): by that generator,
+        with the batch's behaviour weights (``AsyncRollouts.later_turn``)."""
+        rollouts = getattr(self, "async_rollouts", None)
+        turn = None if rollouts is None else rollouts.later_turn(prompt_ids)
+        return super()._generate_single_turn(prompt_ids, *args, **kwargs) if turn is None else turn
+
+    # ------------------------------------------------------------------ TRL private override 8 of 10
     def _get_per_token_logps_and_entropies(
         self,
         model,
@@ -541,7 +549,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             cache[model] = self.accelerator.unwrap_model(model)
         return cache[model]
 
-    # ------------------------------------------------------------------ TRL private override 9 of 9
+    # ------------------------------------------------------------------ TRL private override 9 of 10
     def _prepare_inputs(self, generation_batch):
         """TRL's; with ``padding_free`` the micro-batches of a fresh generation batch are rebalanced by real tokens
         within each optimizer step (``PaddingFree.balanced``: each step's gradient is unchanged)."""
@@ -552,7 +560,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         self._buffered_inputs = self.packing.balanced(self._buffered_inputs)
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
-    # ------------------------------------------------------------------ TRL private override 4 of 9
+    # ------------------------------------------------------------------ TRL private override 4 of 10
     def _get_train_sampler(self, dataset=None):
         """TRL's ``RepeatSampler`` order (epoch 0 is the same permutation), made a function of the epoch so that a
         resumed run sees the same prompts, and skipping retired prompts (see ``EpochRepeatSampler``)."""
@@ -568,7 +576,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             shuffle=self.shuffle_dataset,
         )
 
-    # ------------------------------------------------------------------ TRL private overrides 5 and 6 of 9
+    # ------------------------------------------------------------------ TRL private overrides 5 and 6 of 10
     def _save_checkpoint(self, model, trial):
         # The sampling state goes in first, atomically: the Trainer writes trainer_state.json last (then starts the hub
         # push), so a checkpoint whose trainer_state.json reads always holds its whole sampling state.
@@ -661,7 +669,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             )
         return logps
 
-    # ------------------------------------------------------------------ TRL private override 3 of 9
+    # ------------------------------------------------------------------ TRL private override 3 of 10
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
         mask = loss_tokens(inputs)

@@ -40,6 +40,7 @@ TRL_PRIVATE_API: dict[str, tuple[str, ...]] = {
     "_save_checkpoint": ("model", "trial"),
     "_load_optimizer_and_scheduler": ("checkpoint",),
     "_generate": ("prompts",),
+    "_generate_single_turn": ("prompt_ids", "images", "multimodal_fields", "num_generations"),
     "_get_per_token_logps_and_entropies": (
         "model",
         "input_ids",
