@@ -121,3 +121,12 @@ def test_a_new_generator_is_one_declaration_and_one_registration():
     finally:
         ASYNC_GENERATORS.unregister("toy")
     assert "toy" not in GENERATORS and "toy" not in ASYNC_GENERATORS
+
+
+def test_the_generator_process_takes_tools_and_refuses_environments_naming_the_way_out():
+    tools = dataclasses.replace(PLAIN_RUN, tools=True)
+    process = generator_backend("process")
+    assert process.unsupported(tools) == []
+    (refused,) = process.unsupported(dataclasses.replace(tools, environments=True))
+    assert "environment_factory" in refused and "async_generator='inline'" in refused
+    assert generator_backend("server").unsupported(tools)  # the vLLM server does not run tools yet

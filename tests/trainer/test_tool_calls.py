@@ -123,155 +123,52 @@ def _tool_calling_model(tmp_path):
     return str(path), tokenizer
 
 
-def slow_lookup(key: str) -> str:
-    """Looks a key up.
-
-    Args:
-        key: The key.
-    """
-    time.sleep(30)
-    return key
+def _learns(completions, **kwargs) -> list[float]:
+    """Rewards that differ within every group, so that each step moves the weights."""
+    return [float(i % 2) for i in range(len(completions))]
 
 
-def test_in_trl_s_own_loop_a_hanging_tool_ends_its_turn_with_the_timeout_as_its_response(tmp_path):
-    """The random tiny model never calls a tool, so the first turn of every rollout is a call written out (a stand-in
-    sampler at TRL's ``_generate_single_turn``); everything after it is TRL's loop with the guard: the call times out,
-    the model reads the error, the next turn is sampled after it, and the failure is logged by name."""
+def _tool_trainer(tmp_path, tool, reward_funcs=_learns, config_kwargs=None, **cpu_overrides):
+    """A ``ReasoningTrainer`` of the tool-calling tiny model with ``tools=[tool]``, and the two turns of every rollout
+    in these tests as token ids: a call of ``tool`` with ``key="x"``, then ``"done"``."""
     model, tokenizer = _tool_calling_model(tmp_path)
     args = tr.ReasoningConfig(
-        **cpu_args(output_dir=str(tmp_path / "out"), max_steps=1, max_completion_length=400, tool_call_timeout=0.5)
-    )
-    seen = []
-
-    def records_completions(completions, **kwargs):
-        seen.extend(completions)
-        return [0.0] * len(completions)
-
-    trainer = tr.ReasoningTrainer(
-        model=model,
-        reward_funcs=records_completions,
-        args=args,
-        train_dataset=make_prompts(),
-        processing_class=tokenizer,
-        tools=[slow_lookup],
-    )
-    call = '<tool_call>\n{"name": "slow_lookup", "arguments": {"key": "x"}}\n</tool_call>'
-    turns = [tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id] for text in (call, "done")]
-    sampled_turns = []
-    real_turn = trainer._generate_single_turn
-
-    def first_turn_calls_the_tool(prompt_ids, *rest, **kwargs):
-        _, logprobs = real_turn(prompt_ids, *rest, **kwargs)
-        ids = turns[min(len(sampled_turns), 1)]
-        sampled_turns.append(len(prompt_ids))
-        return [ids for _ in prompt_ids], logprobs
-
-    trainer._generate_single_turn = first_turn_calls_the_tool
-    started = time.perf_counter()
-    with pytest.warns(UserWarning, match=r"Tool 'slow_lookup' failed: ToolCallTimeout: tool 'slow_lookup' did not"):
-        trainer.train()
-    assert time.perf_counter() - started < 25  # 8 rollouts x 0.5 s, not 8 x 30 s
-    assert sampled_turns == [8, 8]  # the call, then the turn after the tool's (error) response
-    assert logged_metric(trainer, "tools/call_frequency") == [1.0]
-    assert logged_metric(trainer, "tools/failure_frequency") == [1.0]
-    assert logged_metric(trainer, "tools/failures/slow_lookup") == [8.0]
-    assert [message["role"] for message in seen[0]] == ["assistant", "tool", "assistant"]
-    assert "did not answer within 0.5 s" in seen[0][1]["content"] and seen[0][2]["content"] == "done"
-
-
-def lookup(key: str) -> str:
-    """Looks a key up.
-
-    Args:
-        key: The key.
-    """
-    return f"value of {key}"
-
-
-def test_the_kl_in_the_reward_counts_the_model_s_tokens_not_the_tool_s(tmp_path, monkeypatch):
-    """With ``kl_in_reward`` (RLOO's KL), the sequence KL sums the model's own tokens: the tool's response is not the
-    policy's choice (TRL's loss leaves it out by ``tool_mask``; the KL in the reward must too)."""
-    from trl_reasoning.trainer import rollout
-
-    model, tokenizer = _tool_calling_model(tmp_path)
-    args = tr.ReasoningConfig(
-        **cpu_args(output_dir=str(tmp_path / "out"), max_steps=1, max_completion_length=400, beta=0.05),
-        kl_in_reward=True,
+        **cpu_args(output_dir=str(tmp_path / "out"), **{"max_completion_length": 400, **cpu_overrides}),
+        **(config_kwargs or {}),
     )
     trainer = tr.ReasoningTrainer(
         model=model,
-        reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+        reward_funcs=reward_funcs,
         args=args,
         train_dataset=make_prompts(),
         processing_class=tokenizer,
-        tools=[lookup],
+        tools=[tool],
     )
-    call = '<tool_call>\n{"name": "lookup", "arguments": {"key": "x"}}\n</tool_call>'
+    call = f'<tool_call>\n{{"name": "{tool.__name__}", "arguments": {{"key": "x"}}}}\n</tool_call>'
     turns = [tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id] for text in (call, "done")]
-    sampled = []
-    real_turn = trainer._generate_single_turn
+    return trainer, turns
 
-    def first_turn_calls_the_tool(prompt_ids, *rest, **kwargs):
-        _, logprobs = real_turn(prompt_ids, *rest, **kwargs)
-        ids = turns[min(len(sampled), 1)]
+
+def _first_turn_calls_the_tool(trainer, turns) -> list[int]:
+    """The random tiny model never calls a tool: TRL's ``_generate_single_turn`` is replaced by a stand-in sampler
+    whose first turn is ``turns[0]`` (the call) and whose turn after a tool response is ``turns[1]``. Returns the list
+    each call appends its number of prompts to."""
+    decode = trainer._tokenizer.decode
+    sampled: list[int] = []
+
+    def stand_in(prompt_ids, *rest, **kwargs):
         sampled.append(len(prompt_ids))
-        return [ids for _ in prompt_ids], logprobs
+        after_a_tool = "<tool_response>" in decode(prompt_ids[0])
+        return [turns[1] if after_a_tool else turns[0] for _ in prompt_ids], None
 
-    trainer._generate_single_turn = first_turn_calls_the_tool
-    masks = []
-    real_sequence_kl = rollout.sequence_kl
-
-    def recording(old, ref, mask):
-        masks.append(mask.clone())
-        return real_sequence_kl(old, ref, mask)
-
-    monkeypatch.setattr(rollout, "sequence_kl", recording)
-    trainer.train()
-    (mask,) = masks
-    model_tokens = len(turns[0]) + len(turns[1])
-    assert mask.sum(dim=1).tolist() == [model_tokens] * mask.size(0)  # the tool's response and its template are out
+    trainer._generate_single_turn = stand_in
+    return sampled
 
 
-def _rows(batch: dict, key: str, mask_key: str) -> list[list[int]]:
-    """The unpadded rows of ``batch[key]`` (``mask_key`` marks the real tokens)."""
-    return [ids[mask.bool()].tolist() for ids, mask in zip(batch[key], batch[mask_key], strict=True)]
-
-
-@pytest.mark.parametrize("staleness", [pytest.param(None, id="synchronous"), pytest.param(1, id="inline-k1")])
-def test_a_two_turn_sample_token_by_token(tmp_path, staleness):
-    """A rollout of call, tool response, answer: the completion is the three end to end with the tool's tokens exactly
-    as TRL's template renders them, the mask is 1 on the model's tokens and 0 on the tool's, and with asynchronous
-    rollouts the sampler's log-probs of the model's tokens are those of the weights ``k`` steps earlier (an
-    independent float64 recomputation), every turn from that one version."""
-    from conftest import logps_under
+def _recorded(trainer) -> tuple[list[dict], list[dict]]:
+    """Every scored batch of ``trainer.train()`` and the weights at the beginning of every optimizer step."""
     from transformers import TrainerCallback
 
-    model, tokenizer = _tool_calling_model(tmp_path)
-    settings = (
-        {} if staleness is None else dict(async_rollouts=True, async_generator="inline", max_staleness=staleness)
-    )
-    args = tr.ReasoningConfig(
-        **cpu_args(output_dir=str(tmp_path / "out"), max_steps=2, max_completion_length=400, **settings)
-    )
-    trainer = tr.ReasoningTrainer(
-        model=model,
-        reward_funcs=lambda completions, **kwargs: [float(i % 2) for i in range(len(completions))],  # it learns
-        args=args,
-        train_dataset=make_prompts(),
-        processing_class=tokenizer,
-        tools=[lookup],
-    )
-    call = '<tool_call>\n{"name": "lookup", "arguments": {"key": "x"}}\n</tool_call>'
-    turns = [tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id] for text in (call, "done")]
-    suffix = trainer._get_tool_suffix_ids([{"role": "tool", "name": "lookup", "content": "value of x"}])
-
-    def first_turn_calls_the_tool(prompt_ids, *rest, **kwargs):
-        first = tokenizer.decode(prompt_ids[0][-12:]).endswith("assistant\n") and "<tool_response>" not in (
-            tokenizer.decode(prompt_ids[0])
-        )
-        return [turns[0] if first else turns[1] for _ in prompt_ids], None
-
-    trainer._generate_single_turn = first_turn_calls_the_tool
     batches, weights_at_step = [], []
     real_scoring = trainer._generate_and_score_completions
 
@@ -286,6 +183,111 @@ def test_a_two_turn_sample_token_by_token(tmp_path, staleness):
 
     trainer._generate_and_score_completions = recorded
     trainer.add_callback(WeightsAtStepBegin())
+    return batches, weights_at_step
+
+
+def _rows(batch: dict, key: str, mask_key: str) -> list[list[int]]:
+    """The unpadded rows of ``batch[key]`` (``mask_key`` marks the real tokens)."""
+    return [ids[mask.bool()].tolist() for ids, mask in zip(batch[key], batch[mask_key], strict=True)]
+
+
+def _sampler_logps_of(batch: dict, weights_at_step: list[dict], trainer) -> tuple[list, list]:
+    """The sampled tokens' log-probs of ``batch`` recomputed (float64, each sequence alone) under the weights at the
+    beginning of step 0 and of step 1."""
+    from conftest import logps_under
+
+    prompt_ids = _rows(batch, "prompt_ids", "prompt_mask")
+    completion_ids = _rows(batch, "completion_ids", "completion_mask")
+    temperature = trainer.args.temperature
+    return tuple(
+        logps_under(trainer.model, weights, prompt_ids, completion_ids, temperature) for weights in weights_at_step[:2]
+    )
+
+
+def slow_lookup(key: str) -> str:
+    """Looks a key up.
+
+    Args:
+        key: The key.
+    """
+    time.sleep(30)
+    return key
+
+
+def lookup(key: str) -> str:
+    """Looks a key up.
+
+    Args:
+        key: The key.
+    """
+    return f"value of {key}"
+
+
+def test_in_trl_s_own_loop_a_hanging_tool_ends_its_turn_with_the_timeout_as_its_response(tmp_path):
+    """The random tiny model never calls a tool, so the first turn of every rollout is a call written out (a stand-in
+    sampler at TRL's ``_generate_single_turn``); everything after it is TRL's loop with the guard: the call times out,
+    the model reads the error, the next turn is sampled after it, and the failure is logged by name."""
+    seen = []
+
+    def records_completions(completions, **kwargs):
+        seen.extend(completions)
+        return [0.0] * len(completions)
+
+    trainer, turns = _tool_trainer(tmp_path, slow_lookup, records_completions, max_steps=1, tool_call_timeout=0.5)
+    sampled_turns = _first_turn_calls_the_tool(trainer, turns)
+    started = time.perf_counter()
+    with pytest.warns(UserWarning, match=r"Tool 'slow_lookup' failed: ToolCallTimeout: tool 'slow_lookup' did not"):
+        trainer.train()
+    assert time.perf_counter() - started < 25  # 8 rollouts x 0.5 s, not 8 x 30 s
+    assert sampled_turns == [8, 8]  # the call, then the turn after the tool's (error) response
+    assert logged_metric(trainer, "tools/call_frequency") == [1.0]
+    assert logged_metric(trainer, "tools/failure_frequency") == [1.0]
+    assert logged_metric(trainer, "tools/failures/slow_lookup") == [8.0]
+    assert [message["role"] for message in seen[0]] == ["assistant", "tool", "assistant"]
+    assert "did not answer within 0.5 s" in seen[0][1]["content"] and seen[0][2]["content"] == "done"
+
+
+def test_the_kl_in_the_reward_counts_the_model_s_tokens_not_the_tool_s(tmp_path, monkeypatch):
+    """With ``kl_in_reward`` (RLOO's KL), the sequence KL sums the model's own tokens: the tool's response is not the
+    policy's choice (TRL's loss leaves it out by ``tool_mask``; the KL in the reward must too)."""
+    from trl_reasoning.trainer import rollout
+
+    trainer, turns = _tool_trainer(
+        tmp_path,
+        lookup,
+        lambda completions, **kwargs: [0.0] * len(completions),
+        config_kwargs={"kl_in_reward": True},
+        max_steps=1,
+        beta=0.05,
+    )
+    _first_turn_calls_the_tool(trainer, turns)
+    masks = []
+    real_sequence_kl = rollout.sequence_kl
+
+    def recording(old, ref, mask):
+        masks.append(mask.clone())
+        return real_sequence_kl(old, ref, mask)
+
+    monkeypatch.setattr(rollout, "sequence_kl", recording)
+    trainer.train()
+    (mask,) = masks
+    model_tokens = len(turns[0]) + len(turns[1])
+    assert mask.sum(dim=1).tolist() == [model_tokens] * mask.size(0)  # the tool's response and its template are out
+
+
+@pytest.mark.parametrize("staleness", [pytest.param(None, id="synchronous"), pytest.param(1, id="inline-k1")])
+def test_a_two_turn_sample_token_by_token(tmp_path, staleness):
+    """A rollout of call, tool response, answer: the completion is the three end to end with the tool's tokens exactly
+    as TRL's template renders them, the mask is 1 on the model's tokens and 0 on the tool's, and with asynchronous
+    rollouts the sampler's log-probs of the model's tokens are those of the weights ``k`` steps earlier (an
+    independent float64 recomputation), every turn from that one version."""
+    settings = (
+        {} if staleness is None else dict(async_rollouts=True, async_generator="inline", max_staleness=staleness)
+    )
+    trainer, turns = _tool_trainer(tmp_path, lookup, max_steps=2, **settings)
+    suffix = trainer._get_tool_suffix_ids([{"role": "tool", "name": "lookup", "content": "value of x"}])
+    _first_turn_calls_the_tool(trainer, turns)
+    batches, weights_at_step = _recorded(trainer)
     trainer.train()
 
     expected_ids = turns[0] + suffix + turns[1]
@@ -300,12 +302,7 @@ def test_a_two_turn_sample_token_by_token(tmp_path, staleness):
         return
     # step 1's batch was sampled by the weights at the start of step 0, not by those at the start of step 1
     batch = batches[1]
-    prompt_ids, completion_ids = (
-        _rows(batch, "prompt_ids", "prompt_mask"),
-        _rows(batch, "completion_ids", "completion_mask"),
-    )
-    behaviour = logps_under(trainer.model, weights_at_step[0], prompt_ids, completion_ids, args.temperature)
-    current = logps_under(trainer.model, weights_at_step[1], prompt_ids, completion_ids, args.temperature)
+    behaviour, current = _sampler_logps_of(batch, weights_at_step, trainer)
     model_tokens = torch.tensor(expected_mask, dtype=torch.bool)
     for row, (mu, old, now) in enumerate(zip(batch["sampling_per_token_logps"], behaviour, current, strict=True)):
         mu = mu[: len(expected_ids)].double()
@@ -319,27 +316,15 @@ def test_the_generator_process_samples_every_turn_with_the_batch_s_behaviour_wei
     a call: the random tiny model never calls a tool), TRL's loop runs the tool when the batch is trained, and the
     next turn is sampled by the same worker with the batch's behaviour weights (those of one step earlier), not the
     current ones: its tokens' sampler log-probs match a float64 recomputation under the earlier weights."""
-    from conftest import logps_under
-    from transformers import TrainerCallback
-
-    model, tokenizer = _tool_calling_model(tmp_path)
-    args = tr.ReasoningConfig(
-        **cpu_args(output_dir=str(tmp_path / "out"), max_steps=2, max_completion_length=300),
-        async_rollouts=True,
-        async_generator="process",
-        max_staleness=1,
-    )
-    trainer = tr.ReasoningTrainer(
-        model=model,
-        reward_funcs=lambda completions, **kwargs: [float(i % 2) for i in range(len(completions))],  # it learns
-        args=args,
-        train_dataset=make_prompts(),
-        processing_class=tokenizer,
-        tools=[lookup],
+    trainer, turns = _tool_trainer(
+        tmp_path,
+        lookup,
+        config_kwargs=dict(async_rollouts=True, async_generator="process", max_staleness=1),
+        max_steps=2,
+        max_completion_length=300,
     )
     assert trainer.async_rollouts.snapshot_reason.startswith("tool calls")
-    call = '<tool_call>\n{"name": "lookup", "arguments": {"key": "x"}}\n</tool_call>'
-    first_turn = tokenizer.encode(call, add_special_tokens=False) + [tokenizer.eos_token_id]
+    first_turn = turns[0]
     suffix = trainer._get_tool_suffix_ids([{"role": "tool", "name": "lookup", "content": "value of x"}])
     pipeline = trainer.async_rollouts.pipeline
     real_collect = pipeline.collect
@@ -355,31 +340,14 @@ def test_the_generator_process_samples_every_turn_with_the_batch_s_behaviour_wei
         }
 
     pipeline.collect = first_turn_is_a_call
-    batches, weights_at_step = [], []
-    real_scoring = trainer._generate_and_score_completions
-
-    def recorded(inputs):
-        batch = real_scoring(inputs)
-        batches.append(batch)
-        return batch
-
-    class WeightsAtStepBegin(TrainerCallback):
-        def on_step_begin(self, args, state, control, model=None, **kwargs):
-            weights_at_step.append({k: v.detach().clone() for k, v in model.named_parameters()})
-
-    trainer._generate_and_score_completions = recorded
-    trainer.add_callback(WeightsAtStepBegin())
+    batches, weights_at_step = _recorded(trainer)
     trainer.train()
 
     assert logged_metric(trainer, "tools/call_frequency") == [1.0, 1.0]
     batch = batches[1]  # sampled ahead at step 0, its second turn sampled at step 1
-    prompt_ids, completion_ids = (
-        _rows(batch, "prompt_ids", "prompt_mask"),
-        _rows(batch, "completion_ids", "completion_mask"),
-    )
+    completion_ids = _rows(batch, "completion_ids", "completion_mask")
     start = len(first_turn) + len(suffix)
-    behaviour = logps_under(trainer.model, weights_at_step[0], prompt_ids, completion_ids, args.temperature)
-    current = logps_under(trainer.model, weights_at_step[1], prompt_ids, completion_ids, args.temperature)
+    behaviour, current = _sampler_logps_of(batch, weights_at_step, trainer)
     for row, ids in enumerate(completion_ids):
         assert ids[:start] == first_turn + suffix and len(ids) > start, row
         mask = batch["tool_mask"][row, : len(ids)].tolist()
@@ -387,23 +355,3 @@ def test_the_generator_process_samples_every_turn_with_the_batch_s_behaviour_wei
         mu = batch["sampling_per_token_logps"][row, start : len(ids)].double()
         assert torch.allclose(mu, behaviour[row][start:], atol=1e-4), row
         assert not torch.allclose(mu, current[row][start:], atol=1e-3), row
-
-
-def test_the_generator_process_takes_tools_and_refuses_environments_naming_the_way_out():
-    import dataclasses
-
-    from trl_reasoning.async_rollouts.generators import AheadRun, generator_backend
-
-    plain = AheadRun(
-        uses_vllm=False,
-        vllm_mode=None,
-        tools=True,
-        vision_language=False,
-        one_generation_per_step=True,
-        quantized=False,
-    )
-    process = generator_backend("process")
-    assert process.unsupported(plain) == []
-    (refused,) = process.unsupported(dataclasses.replace(plain, environments=True))
-    assert "environment_factory" in refused and "async_generator='inline'" in refused
-    assert generator_backend("server").unsupported(plain)  # the vLLM server does not run tools yet
