@@ -36,7 +36,10 @@ class StandInServer:
     """The vLLM server behind ``VLLMClient``: the model with the weights last pushed; ``generate`` as the client's."""
 
     def __init__(self, model: torch.nn.Module, eos_token_id: int):
-        self.engine = copy.deepcopy(model).eval()
+        # a model of its own, built from the config: a deep copy would keep the forward TRL binds to the trainer's
+        # model (its fused LM head), and sample with the trainer's current weights instead of those pushed
+        self.engine = type(model)(copy.deepcopy(model.config)).eval()
+        self.engine.load_state_dict(model.state_dict())
         self.eos_token_id = eos_token_id
         self.loaded: float | None = None
         self.in_flight = 0

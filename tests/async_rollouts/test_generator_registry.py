@@ -123,10 +123,16 @@ def test_a_new_generator_is_one_declaration_and_one_registration():
     assert "toy" not in GENERATORS and "toy" not in ASYNC_GENERATORS
 
 
-def test_the_generator_process_takes_tools_and_refuses_environments_naming_the_way_out():
+def test_the_generators_that_sample_ahead_take_tools_and_environments_and_name_what_they_cannot():
     tools = dataclasses.replace(PLAIN_RUN, tools=True)
-    process = generator_backend("process")
-    assert process.unsupported(tools) == []
-    (refused,) = process.unsupported(dataclasses.replace(tools, environments=True))
-    assert "environment_factory" in refused and "async_generator='inline'" in refused
-    assert generator_backend("server").unsupported(tools)  # the vLLM server does not run tools yet
+    environments = dataclasses.replace(tools, environments=True)
+    assert generator_backend("process").unsupported(tools) == []
+    assert generator_backend("process").unsupported(environments) == []
+    served = dataclasses.replace(environments, uses_vllm=True, vllm_mode="server")
+    server = generator_backend("server")
+    assert server.unsupported(served) == []
+    assert server.unsupported(dataclasses.replace(served, tools=False, environments=False, processes=2)) == []
+    (refused,) = server.unsupported(dataclasses.replace(served, processes=2))
+    assert "more than one training process" in refused and "async_generator='inline'" in refused
+    (refused,) = server.unsupported(dataclasses.replace(served, engine_topk=True))
+    assert "DPPO's top-K" in refused and "async_generator='inline'" in refused

@@ -16,6 +16,7 @@ from trl import GRPOTrainer
 
 import trl_reasoning as tr
 from trl_reasoning.trainer import base as seam
+from trl_reasoning.trainer import trl_api
 
 
 def test_installed_trl_has_every_private_method_we_rely_on():
@@ -287,7 +288,7 @@ def test_the_protocols_name_exactly_what_the_rollout_parts_read():
         RolloutHost: [package / "trainer" / "rollout.py"],
         protocols.AsyncRolloutHost: sorted((package / "async_rollouts").glob("*.py")),
     }
-    backends = protocols.VLLMBackendHost, protocols.GenerateBackendHost
+    backends = protocols.VLLMBackendHost, protocols.GenerateBackendHost, protocols.EnvironmentHost
     for protocol, files in parts.items():
         read = set()
         for path in files:
@@ -296,6 +297,7 @@ def test_the_protocols_name_exactly_what_the_rollout_parts_read():
         named = set(protocol_members(protocol))
         if protocol is protocols.AsyncRolloutHost:
             named |= {name for backend in backends for name in protocol_members(backend)}
+            named.add(trl_api.TRL_BATCH_ENVIRONMENTS)  # set by TRL per batch, not in __init__: guarded in its source
         assert read - named == set(), f"read but not in {protocol.__name__}"
         assert named - read == set(), f"in {protocol.__name__} but never read"
 
@@ -315,7 +317,11 @@ def test_every_trl_attribute_the_package_reads_or_writes_is_guarded():
         for name in re.findall(rf"\b(?:{receivers})\.(\w+)", text):
             touched.setdefault(name, set()).add(relative)
     guarded = set(
-        seam.TRL_INSTANCE_ATTRIBUTES + seam.TRL_VLLM_INSTANCE_ATTRIBUTES + seam.TRL_GENERATE_INSTANCE_ATTRIBUTES
+        seam.TRL_INSTANCE_ATTRIBUTES
+        + seam.TRL_VLLM_INSTANCE_ATTRIBUTES
+        + seam.TRL_GENERATE_INSTANCE_ATTRIBUTES
+        + trl_api.TRL_ENVIRONMENT_ATTRIBUTES
+        + (trl_api.TRL_BATCH_ENVIRONMENTS,)
     )
     trl_names = _trl_names()
     unguarded = {name: sorted(files) for name, files in touched.items() if name in trl_names - guarded}

@@ -107,14 +107,16 @@ class AheadPipeline(TrainerCallback):
         self,
         behaviour: BehaviourWeights,
         start_generator: Callable[[], Generator],
-        tokenize: Callable[[list], list[list[int]]],
+        prepare: Callable[[int, list[dict]], tuple[list, list[list[int]]]],
         seed_of: Callable[[int], int],
         current_weights: Callable[[], dict[str, torch.Tensor]],
+        forget_prepared: Callable[[], None] = lambda: None,
     ):
         self.behaviour = behaviour
         self.read_ahead = ReadAhead(behaviour.max_staleness)
         self._start_generator = start_generator
-        self._tokenize = tokenize
+        self._prepare = prepare
+        self._forget_prepared = forget_prepared  # what ``prepare`` started for batches that will not be trained
         self._seed_of = seed_of
         self._current_weights = current_weights
         self._generator: Generator | None = None
@@ -138,11 +140,14 @@ class AheadPipeline(TrainerCallback):
         recording and its optimizer step)."""
         return self._current_weights()
 
-    def submit(self, step: int, prompts: list) -> None:
-        """Send the batch of generation ``step`` (its ``prompts``, this process's rows) to the generator, once (or
-        take it from the checkpoint the run resumed from)."""
+    def submit(self, step: int, rows: list[dict]) -> None:
+        """Send the batch of generation ``step`` (this process's dataset ``rows``) to the generator, once (or take it
+        from the checkpoint the run resumed from). ``prepare`` gives its prompts as TRL's ``_generate`` will receive
+        them, and their ids: with environments, each row's episode starts here
+        (:class:`~trl_reasoning.async_rollouts.episodes.AheadEpisodes`)."""
         if step in self._jobs:
             return
+        prompts, prompt_ids = self._prepare(step, rows)
         restored = self._restored.pop(step, None)
         if restored is not None:
             if restored["prompts"] == prompts:
@@ -151,12 +156,12 @@ class AheadPipeline(TrainerCallback):
                 return
             warnings.warn(
                 f"The checkpoint's sampled batch of generation step {step} has other prompts than the run reads now "
-                "(the dataset or its order changed): it is sampled again.",
+                "(the dataset or its order changed, or an environment's reset() answered otherwise): it is sampled "
+                "again.",
                 UserWarning,
                 stacklevel=user_stacklevel(),
             )
         generator = self.generator
-        prompt_ids = self._tokenize(prompts)
         try:
             weights = self.behaviour.versioned_for(step, self._weights_now())
         except LookupError as missing:
@@ -174,7 +179,7 @@ class AheadPipeline(TrainerCallback):
         for step, rows in self.read_ahead.future().items():
             beyond_training = self.last_step is not None and step > self.last_step
             if step <= newest + self.behaviour.max_staleness and not beyond_training:
-                self.submit(step, [row["prompt"] for row in rows])
+                self.submit(step, rows)
         if self.behaviour.keep_all:
             return
         if self._needs_weights_of(newest) and newest not in self.behaviour.kept_steps:
@@ -196,8 +201,10 @@ class AheadPipeline(TrainerCallback):
         )
 
     def collect(self, step: int, prompts: list) -> dict[str, list]:
-        """The batch of generation ``step`` as TRL's ``rollout_func`` returns one (waiting for the generator)."""
-        self.submit(step, prompts)
+        """The batch of generation ``step`` as TRL's ``rollout_func`` returns one (waiting for the generator); it was
+        submitted at the start of its generation step at the latest."""
+        if step not in self._jobs:
+            raise GeneratorError(f"The batch of generation step {step} was never sent to the generator.")
         job_prompts, prompt_ids = self._jobs.pop(step)
         if job_prompts != prompts:
             raise GeneratorError(
@@ -220,7 +227,8 @@ class AheadPipeline(TrainerCallback):
         weights = self.behaviour.versioned_for(step, self._weights_now())
         key = TURN_KEYS + self._turn_jobs
         self._turn_jobs += 1
-        self.generator.submit(GenerationJob(key, prompt_ids, weights, self._seed_of(step) + TURN_SEED_STRIDE * turn))
+        seed = self._seed_of(step) + TURN_SEED_STRIDE * turn
+        self.generator.submit(GenerationJob(key, prompt_ids, weights, seed, later_turn=True))
         completions, logps, seconds, waited = self.generator.result(key)
         self.last_generation_seconds += seconds
         self.last_wait_seconds += waited
@@ -262,6 +270,7 @@ class AheadPipeline(TrainerCallback):
             self._generator = None
         self._jobs.clear()
         self._ready.clear()
+        self._forget_prepared()
         if not keep_restored:
             self._restored.clear()
         self.read_ahead = ReadAhead(self.behaviour.max_staleness)  # a later train() reads from its own position

@@ -85,6 +85,8 @@ def ahead_run(host: AsyncRolloutHost) -> AheadRun:
         rollout_func=host.rollout_func is not None,
         continuous_batching=bool(getattr(args, "use_transformers_continuous_batching", False)),
         environments=host.environment_factories is not None,
+        processes=host.accelerator.num_processes,
+        engine_topk=host.use_vllm and host._uses_topk_divergence,
     )
 
 
@@ -100,6 +102,8 @@ def check_ahead_generator(
     rollout_func: bool = False,
     continuous_batching: bool = False,
     environments: bool = False,
+    processes: int = 1,
+    engine_topk: bool = False,
 ) -> None:
     """A generator that samples ahead (``async_generator="process"`` or ``"server"``) refuses, naming each with its way
     out, what it cannot sample as TRL's ``_generate`` would (its ``GeneratorBackend.unsupported``): everything else
@@ -116,6 +120,8 @@ def check_ahead_generator(
         rollout_func=rollout_func,
         continuous_batching=continuous_batching,
         environments=environments,
+        processes=processes,
+        engine_topk=engine_topk,
     )
     refuse_unsupported(generator, run)
 

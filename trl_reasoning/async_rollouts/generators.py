@@ -53,6 +53,8 @@ class AheadRun:
     rollout_func: bool = False
     continuous_batching: bool = False
     environments: bool = False  # environment_factory (``tools`` is True with it too)
+    processes: int = 1  # training processes
+    engine_topk: bool = False  # DPPO's top-K divergence read from the engine's own top-K (vLLM)
 
 
 class GeneratorBackend:

@@ -61,6 +61,7 @@ from .checks import (
     resolve_async_rollouts,
     snapshots_needed_by,
 )
+from .episodes import AheadEpisodes
 from .generators import generator_backend
 from .inline_generator import InProcessGenerator
 from .process_generator import GeneratorError, GeneratorProcess, SamplingSettings, padded_batch, sample
@@ -154,6 +155,8 @@ class AsyncRollouts:
             lambda: trainable_parameters(host.model),
             lambda: self.behaviour.generation_steps - 1 if self.behaviour.generation_steps else None,
         )
+        #: The episodes of environments for the batches sampled ahead, started at their submission.
+        self.episodes = AheadEpisodes(host)
         backend = generator_backend(host.args.async_generator)
         samples_ahead = backend.samples_ahead_with_snapshots or self.snapshot_reason is None
         self.pipeline = self._ahead_pipeline() if samples_ahead else None
@@ -168,9 +171,10 @@ class AsyncRollouts:
         return AheadPipeline(
             self.behaviour,
             start_generator=generator_backend(args.async_generator).start(self),
-            tokenize=host.tokenize_prompts,
+            prepare=self.episodes.prepare,
             seed_of=lambda step: job_seed(args.seed, step, 0, host.accelerator.process_index),
             current_weights=lambda: trainable_parameters(host.model),
+            forget_prepared=self.episodes.forget,
         )
 
     # --------------------------------------------------------------------------------------- at a generation step
@@ -197,7 +201,7 @@ class AsyncRollouts:
             except LookupError as missing:
                 restart_pipeline(self.behaviour, missing)
         if self.pipeline is not None:
-            self.pipeline.submit(self.behaviour.generation_steps - 1, [row["prompt"] for row in inputs])
+            self.pipeline.submit(self.behaviour.generation_steps - 1, inputs)
             self.pipeline.submit_ahead()
 
     def batch_samples(self, epoch_iterator, num_batches: int) -> list:
@@ -218,8 +222,12 @@ class AsyncRollouts:
             return
         saved = host.use_vllm
         host.use_vllm = True
+        # a batch sampled ahead: TRL draws the environment instances whose episodes started at its submission
+        sampled_ahead = self.pipeline is not None and self.generation_round == 0
+        episodes = self.episodes.lent_to_trl(self.behaviour.generation_steps - 1) if sampled_ahead else None
         try:
-            yield
+            with episodes or contextlib.nullcontext():
+                yield
         finally:
             host.use_vllm = saved
 
@@ -256,7 +264,8 @@ class AsyncRollouts:
                         host._last_loaded_step = -1  # sync the engine with the behaviour weights
                     generated = host.trl_generate(prompts)
                     if generated[4] is None:
-                        logps = completion_logps(records, generated[1])
+                        # with tools a completion is several turns: one generate call's scores never cover it
+                        logps = None if host.tools else completion_logps(records, generated[1])
                         if logps is None:  # not one plain generate call (tools): score the batch by a forward
                             logps = self._sampled_token_logps(generated[0], generated[1])
                         generated = (*generated[:4], logps, *generated[5:])

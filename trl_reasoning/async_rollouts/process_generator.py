@@ -557,11 +557,6 @@ class ProcessGenerator(GeneratorBackend):
     def unsupported(run: AheadRun) -> list[str]:
         problems = (
             (run.uses_vllm, "use_vllm=True (vLLM is its own engine: use async_generator='server' or 'inline')"),
-            (
-                run.environments,
-                "environment_factory (the worker samples tools=[...]; an environment's reset() runs when a batch is "
-                "trained, after its first turn was sampled ahead: use async_generator='inline')",
-            ),
             (run.vision_language, "a vision-language model"),
             (not run.one_generation_per_step, MORE_OR_LESS_THAN_ONE_GENERATION),
             (run.quantized, "a bitsandbytes-quantized model"),

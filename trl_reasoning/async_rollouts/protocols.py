@@ -39,12 +39,16 @@ class VersionedWeights:
 
 @dataclasses.dataclass
 class GenerationJob:
-    """One batch to sample: ``prompt_ids`` (this process's rows), the behaviour weights, the seed."""
+    """One batch to sample: ``prompt_ids`` (this process's rows), the behaviour weights, the seed. The rows of a
+    batch's first turn are its prompts, each repeated ``num_generations`` times (one completion per row, sampled per
+    prompt where an engine can); those of a later turn (``later_turn``) are each rollout's own history so far, one
+    completion each."""
 
     step: int
     prompt_ids: list[list[int]]
     weights: VersionedWeights
     seed: int
+    later_turn: bool = False
 
 
 #: What a generator returns for a step: ``(completion ids, sampled-token log-probs, seconds the generator spent on
@@ -173,6 +177,19 @@ class VLLMBackendHost(Protocol):
     vllm_generation: Any
     vllm_mode: str
     _last_loaded_step: int  # written: -1 makes TRL sync its engine before it samples again
+
+
+@runtime_checkable
+class EnvironmentHost(Protocol):
+    """:class:`AsyncRolloutHost`'s members that ``GRPOTrainer`` sets only with ``environment_factory``
+    (``TRL_ENVIRONMENT_ATTRIBUTES``), read by a generator that samples ahead to start each batch's episodes at its
+    submission (``trl_reasoning.async_rollouts.episodes``)."""
+
+    _multi_environment: bool  # whether each row's ``environment`` field picks its environment
+    _environment_pool: dict  # written: a batch's own instances, while TRL scores it
+    # also written, while a batch is tokenized at its submission: ``_batch_environments`` (each row's environment, by
+    # which TRL's ``_tokenize_prompts`` renders its tools), which TRL sets per batch, not in ``__init__``
+    # (``TRL_BATCH_ENVIRONMENTS``)
 
 
 @runtime_checkable

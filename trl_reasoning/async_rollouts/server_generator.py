@@ -198,7 +198,10 @@ class ServerGenerator:
                 self._start_thread()
                 with self._changed:
                     self._in_flight.add(job.step)
-                self._requests.put((job.step, all_prompt_ids[:: self._num_generations]))
+                if job.later_turn:  # each rollout's own history: one completion per row, as TRL's loop asks
+                    self._requests.put((job.step, all_prompt_ids, 1))
+                else:  # the prompts, each repeated per generation: one request with n completions per prompt
+                    self._requests.put((job.step, all_prompt_ids[:: self._num_generations], self._num_generations))
         self.submitted.add(job.step)
         self._rows[job.step] = len(job.prompt_ids)
 
@@ -343,14 +346,16 @@ class ServerGenerator:
             request = self._requests.get()
             if request is None:
                 return
-            step, prompt_ids = request
+            step, prompt_ids, completions_per_prompt = request
             with self._changed:
                 if step not in self._in_flight:  # dropped by close() meanwhile
                     continue
                 self._ledger.sent[(id(self), step)] = time.monotonic()  # its timeout starts now
             started = time.perf_counter()
             try:
-                output = self._vllm.vllm_client.generate(prompts=prompt_ids, **parameters)
+                output = self._vllm.vllm_client.generate(
+                    prompts=prompt_ids, **{**parameters, "n": completions_per_prompt}
+                )
                 answer: Any = (
                     output["completion_ids"],
                     output["logprobs"],
@@ -404,7 +409,17 @@ class VLLMServerGenerator(GeneratorBackend):
                 f"use_vllm={run.uses_vllm}, vllm_mode={run.vllm_mode!r} (it sends requests to TRL's vLLM server: set "
                 "use_vllm=True, vllm_mode='server')",
             ),
-            (run.tools, "tools or environments"),
+            (
+                run.tools and run.processes > 1,
+                "tools or environments with more than one training process (each process's tool loop asks for its "
+                "later turns on its own, while the server's requests are gathered from every process: train on one "
+                "process, or use async_generator='inline')",
+            ),
+            (
+                run.tools and run.engine_topk,
+                "tools or environments with DPPO's top-K divergence (the server's top-K of the turns after the first "
+                "is not kept with the batch: use async_generator='inline')",
+            ),
             (run.vision_language, "a vision-language model (its image features are not sent ahead)"),
             (not run.one_generation_per_step, MORE_OR_LESS_THAN_ONE_GENERATION),
             (run.rollout_func, A_ROLLOUT_FUNC),

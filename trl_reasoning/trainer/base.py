@@ -60,7 +60,7 @@ from ..algorithms.sampling_processors import model_generation_defaults, overridd
 from ..algorithms.trl_mirror import k3_kl, masked_means_over_processes
 from ..algorithms.truncation import sampling_truncation
 from ..async_rollouts.pipeline import async_rollouts_for
-from ..async_rollouts.protocols import AsyncRolloutHost, GenerateBackendHost, VLLMBackendHost
+from ..async_rollouts.protocols import AsyncRolloutHost, EnvironmentHost, GenerateBackendHost, VLLMBackendHost
 from ..config import ReasoningConfig
 from ..models.lm_head import cast_lm_head_to_fp32, unwrap_peft
 from ..models.model_card import ReasoningModelCardMixin
@@ -242,7 +242,10 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             self.topk_forward.keep_engine_topk()
         # Asynchronous rollouts (trl_reasoning.async_rollouts.pipeline): the behaviour policy's weights, saved in checkpoints,
         # and the generator that samples ahead.
-        check_rollout_host(self, AsyncRolloutHost, VLLMBackendHost if self.use_vllm else GenerateBackendHost)
+        backend = (VLLMBackendHost if self.use_vllm else GenerateBackendHost,)
+        check_rollout_host(
+            self, AsyncRolloutHost, *backend, *((EnvironmentHost,) if self.environment_factories else ())
+        )
         self.async_rollouts = async_rollouts_for(self, self._sampler_settings_problem())
         self.behaviour = self.async_rollouts and self.async_rollouts.behaviour
         self.pipeline = self.async_rollouts and self.async_rollouts.pipeline

@@ -162,6 +162,13 @@ TRL_GENERATE_INSTANCE_ATTRIBUTES = ("generation_config", "generation_kwargs")
 #: The per-rollout tool tables (name -> callable) ``GRPOTrainer._generate_and_score_completions`` builds for each batch
 #: and its tool loop calls: ``trainer/tool_calls.py`` wraps their callables (a timeout, failures named).
 TRL_TOOL_TABLES = ("_sync_tool_dicts", "_async_tool_dicts")
+#: ``GRPOTrainer`` instance attributes set only with ``environment_factory`` (``EnvironmentHost``): a generator that
+#: samples ahead starts a batch's episodes at its submission and lends their instances to TRL's scoring through them.
+TRL_ENVIRONMENT_ATTRIBUTES = ("_multi_environment", "_environment_pool")
+#: Set by ``GRPOTrainer._generate_and_score_completions`` for each batch with environments and read by its
+#: ``_tokenize_prompts`` (each row's environment, hence the tools its prompt is rendered with): written here while a
+#: batch sampled ahead is tokenized at its submission.
+TRL_BATCH_ENVIRONMENTS = "_batch_environments"
 
 
 def trl_instance_attributes(use_vllm: bool) -> tuple[str, ...]:
@@ -172,7 +179,12 @@ def trl_instance_attributes(use_vllm: bool) -> tuple[str, ...]:
 
 def trl_attribute_problems(init_source: str) -> list[str]:
     """The guarded instance attributes that ``GRPOTrainer.__init__`` (its source, ``init_source``) no longer sets."""
-    every = TRL_INSTANCE_ATTRIBUTES + TRL_VLLM_INSTANCE_ATTRIBUTES + TRL_GENERATE_INSTANCE_ATTRIBUTES
+    every = (
+        TRL_INSTANCE_ATTRIBUTES
+        + TRL_VLLM_INSTANCE_ATTRIBUTES
+        + TRL_GENERATE_INSTANCE_ATTRIBUTES
+        + TRL_ENVIRONMENT_ATTRIBUTES
+    )
     return [
         f"GRPOTrainer.__init__ no longer sets self.{name}"
         for name in every
@@ -217,7 +229,7 @@ def check_trl_private_api(trainer_class: type = GRPOTrainer) -> None:
     """Raise :class:`TRLCompatibilityError` naming every entry of ``TRL_PRIVATE_API`` that ``trainer_class`` lacks or
     whose leading parameters changed (likewise ``TRL_HELPER_FUNCTIONS`` and ``TRL_VLLM_GENERATION``), and every
     guarded instance attribute that TRL's ``GRPOTrainer.__init__`` no longer sets (and the tool tables its scoring
-    sets, ``TRL_TOOL_TABLES``)."""
+    sets, ``TRL_TOOL_TABLES`` and ``TRL_BATCH_ENVIRONMENTS``)."""
     import trl
     import trl.trainer.utils as trl_utils
     from transformers.generation.utils import GenerationMixin
@@ -231,9 +243,11 @@ def check_trl_private_api(trainer_class: type = GRPOTrainer) -> None:
     problems += _signature_problems("transformers GenerationMixin", GenerationMixin, TRANSFORMERS_PRIVATE_API)
     problems += trl_attribute_problems(inspect.getsource(GRPOTrainer.__init__))
     scoring_source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
-    for attribute in TRL_TOOL_TABLES:
+    for attribute in (*TRL_TOOL_TABLES, TRL_BATCH_ENVIRONMENTS):
         if f"self.{attribute} =" not in scoring_source:
             problems.append(f"GRPOTrainer._generate_and_score_completions no longer sets self.{attribute}")
+    if f"self.{TRL_BATCH_ENVIRONMENTS}" not in inspect.getsource(GRPOTrainer._tokenize_prompts):
+        problems.append(f"GRPOTrainer._tokenize_prompts no longer reads self.{TRL_BATCH_ENVIRONMENTS}")
     class_source = inspect.getsource(VLLMGeneration)
     for attribute in TRL_VLLM_GENERATION_ATTRIBUTES:
         if f"self.{attribute} =" not in class_source:
