@@ -174,3 +174,55 @@ def test_test_modules_outside_packages_have_unique_names():
             names.setdefault(path.name, []).append(path.relative_to(ROOT).as_posix())
     assert len(names) > 50
     assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
+
+
+def module_imports(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """``{module: the package's modules it imports}`` by dotted path relative to the package (``async_rollouts.ahead``),
+    imports inside ``if TYPE_CHECKING:`` included; a package's ``__init__`` is left out on both sides (it imports its
+    modules to export their names, and ``from . import x`` names the module ``x``)."""
+    modules = {".".join(path.relative_to(package).with_suffix("").parts) for path in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            continue
+        name, targets = ".".join(parts), set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = parts[:-1][: len(parts) - node.level]
+            target = base + (node.module.split(".") if node.module else [])
+            for candidate in [".".join(target + [alias.name]) for alias in node.names] + [".".join(target)]:
+                if candidate in modules and not candidate.endswith("__init__"):
+                    targets.add(candidate)
+                    break
+        graph[name] = targets - {name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of ``graph`` among modules of one part (each found once, from its first module in order)."""
+    circles, done = [], set()
+
+    def walk(module: str, trail: list[str]) -> None:
+        for target in sorted(graph.get(module, ())):
+            if target.split(".")[0] != trail[0].split(".")[0]:
+                continue  # another part: the floors keep those pointing down
+            if target in trail:
+                circle = trail[trail.index(target) :]
+                if frozenset(circle) not in done:
+                    done.add(frozenset(circle))
+                    circles.append([*circle, target])
+            elif len(trail) < 12:
+                walk(target, [*trail, target])
+
+    for module in sorted(graph):
+        walk(module, [module])
+    return circles
+
+
+def test_no_part_of_the_package_has_an_import_circle():
+    """Inside each part the modules import each other in one direction, type-only imports counted: a generator backend
+    is handed the trainer and the weight transport it reads, not the facade that chose it."""
+    assert import_circles(module_imports()) == []
+    assert import_circles({"a.x": {"a.y"}, "a.y": {"a.x"}}) == [["a.x", "a.y", "a.x"]], "the check finds a circle"

@@ -16,7 +16,7 @@ from conftest import StopAt, cpu_args, digit_fraction, logged_metric, logps_unde
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 import trl_reasoning as tr
-from trl_reasoning.async_rollouts.pipeline import ASYNC_STATE_FORMAT, BEHAVIOUR_WEIGHTS_FILE, trainable_parameters
+from trl_reasoning.async_rollouts.behaviour import ASYNC_STATE_FORMAT, BEHAVIOUR_WEIGHTS_FILE, trainable_parameters
 
 
 def _trainer(model_path, tmp_path, prompts=16, peft_config=None, **overrides):

@@ -33,12 +33,13 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 import trl_reasoning as tr
 from trl_reasoning.algorithms.losses import cispo_loss, clip_loss, dppo_loss
-from trl_reasoning.async_rollouts.behaviour import host_snapshot, weights_swapped_in
-from trl_reasoning.async_rollouts.pipeline import (
+from trl_reasoning.async_rollouts.behaviour import (
     BEHAVIOUR_WEIGHTS_FILE,
     BehaviourWeights,
-    importance_weight_share_changed,
+    host_snapshot,
+    weights_swapped_in,
 )
+from trl_reasoning.async_rollouts.pipeline import importance_weight_share_changed
 
 # ------------------------------------------------------------------------------------------------- the pure part
 
@@ -546,7 +547,7 @@ def test_a_worker_that_dies_or_hangs_is_a_clear_error(how, tiny_model_path, tmp_
     """A stopped worker (SIGSTOP) neither answers nor dies: the wait says so within seconds, not at async_timeout
     (600 s by default) with "raise async_timeout", and train() closing the generator kills it rather than waiting
     10 s for it to finish its job."""
-    from trl_reasoning.async_rollouts.process_generator import GeneratorError
+    from trl_reasoning.async_rollouts.protocols import GeneratorError
 
     trainer = _trainer(
         tiny_model_path, tmp_path, max_steps=6, max_staleness=1, async_generator="process", async_timeout=60.0

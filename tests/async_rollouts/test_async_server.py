@@ -24,7 +24,7 @@ from conftest import cpu_args, digit_fraction, logged_metric, make_prompts
 from transformers import TrainerCallback
 
 import trl_reasoning as tr
-from trl_reasoning.async_rollouts.process_generator import GeneratorError
+from trl_reasoning.async_rollouts.protocols import GeneratorError
 
 
 def fingerprint(model: torch.nn.Module) -> float:
@@ -281,13 +281,13 @@ def test_dppo_topk_takes_the_servers_own_top_k(server_standin, tiny_model_path, 
         tiny_model_path, tmp_path, tr.DPPOConfig, tr.DPPOTrainer, dppo_divergence="topk_tv", dppo_topk=3, max_steps=3
     )
     kept = []
-    rollout_topk = trainer._engine_rollout_topk
+    rollout_topk = trainer.topk_forward._engine_rollout_topk
 
     def recorded(output):
         kept.append(list(trainer._engine_topk))
         return rollout_topk(output)
 
-    trainer._engine_rollout_topk = recorded
+    trainer.topk_forward._engine_rollout_topk = recorded
     trainer.train()
     assert len(kept) == 3 and all(len(call) == 1 for call in kept), "DPPO did not read the server's top-K"
     assert all(len(entries) >= 3 for call in kept for seq in call[0][2] for entries in seq)
@@ -332,7 +332,7 @@ def test_a_push_that_waits_for_a_server_that_never_answers_is_an_error_in_bounde
     """The next batch's weights are pushed only after the requests in flight are answered (``release``): a server
     that never answers them is a ``GeneratorError`` after ``async_timeout`` (decided on the main process and shared
     with every rank), not a wait forever."""
-    from trl_reasoning.async_rollouts.pipeline import trainable_parameters
+    from trl_reasoning.async_rollouts.behaviour import trainable_parameters
     from trl_reasoning.async_rollouts.protocols import GenerationJob, VersionedWeights
 
     trainer = _trainer(tiny_model_path, tmp_path, async_timeout=2.0, max_staleness=1, max_steps=4)
@@ -418,7 +418,7 @@ def test_an_interpreter_that_ends_with_a_request_on_the_server_waits_for_it_and_
         f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]\n"
         "import trl.trainer.grpo_trainer as trl_grpo\n"
         "from test_async_server import ServerModeGeneration, _trainer, make_prompts\n"
-        "from trl_reasoning.async_rollouts.pipeline import trainable_parameters\n"
+        "from trl_reasoning.async_rollouts.behaviour import trainable_parameters\n"
         "from trl_reasoning.async_rollouts.protocols import GenerationJob, VersionedWeights\n"
         "from pathlib import Path\n"
         "trl_grpo.VLLMGeneration = ServerModeGeneration\n"
@@ -451,7 +451,7 @@ def test_weights_are_pushed_once_per_version_whatever_object_carries_them(server
     """The server's transport pushes by the weights' version, not by the identity of the dict that carries them: a
     converted copy of the weights on the server pushes nothing, a new version pushes once (after the requests sampled
     with the old one), and after ``release`` (TRL's own sync may have changed the server) the next job pushes again."""
-    from trl_reasoning.async_rollouts.pipeline import trainable_parameters
+    from trl_reasoning.async_rollouts.behaviour import trainable_parameters
     from trl_reasoning.async_rollouts.protocols import GenerationJob, Generator, VersionedWeights
 
     trainer = _trainer(tiny_model_path, tmp_path, max_staleness=1, max_steps=4)

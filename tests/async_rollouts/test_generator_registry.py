@@ -103,7 +103,7 @@ def test_a_new_generator_is_one_declaration_and_one_registration():
             """Samples nothing."""
 
             @staticmethod
-            def start(rollouts):
+            def start(host, model_swap):
                 return lambda: None
 
             @staticmethod

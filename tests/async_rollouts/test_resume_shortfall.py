@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trl_reasoning.async_rollouts.pipeline import (
+from trl_reasoning.async_rollouts.behaviour import (
     _RESUMED,
     ASYNC_STATE_FORMAT,
     BehaviourWeights,

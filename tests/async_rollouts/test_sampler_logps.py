@@ -14,7 +14,7 @@ from trl import GRPOTrainer
 import trl_reasoning as tr
 from trl_reasoning.algorithms.losses import clip_loss
 from trl_reasoning.algorithms.truncation import SamplingTruncation, truncated_log_probs
-from trl_reasoning.async_rollouts.process_generator import SamplingSettings, sample
+from trl_reasoning.async_rollouts.hf_sampling import SamplingSettings, sample
 from trl_reasoning.trainer.rollout import loss_tokens
 
 SAMPLING = dict(temperature=0.7, top_p=0.9, top_k=20)
@@ -139,7 +139,7 @@ def test_at_lag_0_the_ratio_on_the_truncated_support_is_exactly_1(pi_old_from_lo
     # by TRL at scoring from its own no-grad forward
     if pi_old_from_loss:
         assert "importance_sampling_ratio" not in inputs, "TRL built the correction: its pi_old forward ran"
-        ratio = trainer._correction_weight(logps.detach(), mu, mask)
+        ratio = trainer.correction.weight(logps.detach(), mu, mask)
     else:
         ratio = inputs["importance_sampling_ratio"]
     torch.testing.assert_close(ratio * mask, mask, atol=2e-5, rtol=0)

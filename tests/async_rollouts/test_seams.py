@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from trl_reasoning.async_rollouts import process_generator
-from trl_reasoning.async_rollouts.pipeline import InProcessGenerator, ModelSwap, trainable_parameters
+from trl_reasoning.async_rollouts.behaviour import ModelSwap, trainable_parameters
+from trl_reasoning.async_rollouts.inline_generator import InProcessGenerator
 from trl_reasoning.async_rollouts.process_generator import GeneratorProcess, SharedMemoryTransport, WorkerJob
 from trl_reasoning.async_rollouts.protocols import (
     GenerationJob,

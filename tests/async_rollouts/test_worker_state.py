@@ -18,12 +18,8 @@ import time
 import pytest
 
 from trl_reasoning.async_rollouts import process_generator
-from trl_reasoning.async_rollouts.process_generator import (
-    STOPPED_GRACE_SECONDS,
-    GeneratorError,
-    GeneratorProcess,
-    process_state,
-)
+from trl_reasoning.async_rollouts.process_generator import STOPPED_GRACE_SECONDS, GeneratorProcess, process_state
+from trl_reasoning.async_rollouts.protocols import GeneratorError
 
 
 @pytest.fixture

@@ -10,15 +10,9 @@ on the package's import: a new generator module is added to the line below.
 """
 
 from . import inline_generator, process_generator, server_generator  # noqa: F401  (each registers its generator)
-from .pipeline import (
-    ASYNC_STATE_FORMAT,
-    BEHAVIOUR_WEIGHTS_FILE,
-    AheadPipeline,
-    AsyncRollouts,
-    BehaviourWeights,
-    async_rollouts_for,
-    job_seed,
-)
+from .ahead import AheadPipeline, job_seed
+from .behaviour import ASYNC_STATE_FORMAT, BEHAVIOUR_WEIGHTS_FILE, BehaviourWeights
+from .pipeline import AsyncRollouts, async_rollouts_for
 from .protocols import (
     AsyncRolloutHost,
     GenerateBackendHost,

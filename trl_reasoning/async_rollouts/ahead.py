@@ -27,8 +27,7 @@ from transformers import TrainerCallback
 
 from ..utils.user_warnings import user_stacklevel
 from .behaviour import BehaviourWeights, restart_pipeline
-from .process_generator import GeneratorError
-from .protocols import GenerationJob, Generator
+from .protocols import GenerationJob, Generator, GeneratorError
 
 
 def job_seed(base_seed: int, step: int, round_index: int, process_index: int) -> int:

@@ -24,8 +24,7 @@ from ..algorithms.async_generators import ASYNC_GENERATORS, FIELD
 from ..algorithms.registry import Registry
 
 if TYPE_CHECKING:
-    from .pipeline import AsyncRollouts
-    from .protocols import AsyncRolloutHost, Generator
+    from .protocols import AsyncRolloutHost, Generator, WeightTransport
 
 #: The registered generators (each a :class:`GeneratorBackend` subclass), by the names ``async_generator`` takes.
 GENERATORS: Registry = Registry(FIELD)
@@ -67,8 +66,10 @@ class GeneratorBackend:
     samples_ahead_with_snapshots: bool = True
 
     @staticmethod
-    def start(rollouts: AsyncRollouts) -> Callable[[], Generator]:
-        """What starts the generator (at the pipeline's first submission), after checking the run fits it."""
+    def start(host: AsyncRolloutHost, model_swap: WeightTransport) -> Callable[[], Generator]:
+        """What starts the generator for the run of trainer ``host`` (at the pipeline's first submission), after
+        checking the run fits it. ``model_swap`` puts a job's behaviour weights in the trainer's own model (the
+        in-process generator samples there; TRL's weight sync sends them from there to a vLLM server)."""
         raise NotImplementedError
 
     @staticmethod

@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from .ahead import seeded_sampling
 from .behaviour import ModelSwap
 from .generators import GeneratorBackend, register_generator
-from .process_generator import sample, sampling_settings
-from .protocols import AsyncRolloutHost, GenerationJob, GeneratorResult
-
-if TYPE_CHECKING:
-    from .pipeline import AsyncRollouts
+from .hf_sampling import sample, sampling_settings
+from .protocols import AsyncRolloutHost, GenerationJob, GeneratorResult, WeightTransport
 
 
 class InProcessGenerator:
@@ -75,7 +71,7 @@ class InProcessGenerator:
 
 def sample_in_process(host: AsyncRolloutHost, job: GenerationJob) -> tuple[list[list[int]], list[list[float]]]:
     """``async_generator="inline"`` sampling ahead: ``generate`` as TRL's ``_generate_single_turn`` calls it (the
-    worker process's :func:`~trl_reasoning.async_rollouts.process_generator.sample`) on the trainer's own model
+    worker process's :func:`~trl_reasoning.async_rollouts.hf_sampling.sample`) on the trainer's own model
     (which holds the job's weights: :class:`InProcessGenerator` swaps them in), with the job's seed, and the
     sampled tokens' log-probabilities under those weights."""
     from trl.models import unwrap_model_for_generation
@@ -102,9 +98,8 @@ class InlineGenerator(GeneratorBackend):
     samples_ahead_with_snapshots = False
 
     @staticmethod
-    def start(rollouts: AsyncRollouts) -> Callable[[], InProcessGenerator]:
-        host = rollouts.host
-        return lambda: InProcessGenerator(lambda job: sample_in_process(host, job), rollouts.model_swap)
+    def start(host: AsyncRolloutHost, model_swap: WeightTransport) -> Callable[[], InProcessGenerator]:
+        return lambda: InProcessGenerator(lambda job: sample_in_process(host, job), model_swap)
 
     @staticmethod
     def step_time_reason(host: AsyncRolloutHost) -> str | None:

@@ -15,8 +15,8 @@ The parts, one module each: the behaviour weights and their checkpoint files (``
 ``ModelSwap``, ``write_atomically``, ``resume_shortfall``, ``restart_pipeline``), the run's checks (``checks``:
 whether it can be asynchronous, whether it keeps snapshots or sampled batches, what its generator cannot sample
 ahead), the read-ahead pipeline (``ahead``: ``ReadAhead``, ``AheadPipeline``, ``job_seed``), and the generators,
-registered by name in ``generators`` (``inline_generator``, ``process_generator``, ``server_generator``). Their
-names stay importable from here.
+registered by name in ``generators`` (``inline_generator``, ``process_generator``, ``server_generator``), with
+HF ``generate`` sampling in ``hf_sampling``. Each name is imported from the module that defines it.
 
 Seams (``trl_reasoning.async_rollouts.protocols``): :class:`AsyncRollouts` reads and writes its trainer only through
 the members ``AsyncRolloutHost`` names (with ``VLLMBackendHost`` or ``GenerateBackendHost``); ``AheadPipeline``
@@ -38,7 +38,7 @@ import torch
 
 from ..algorithms.importance_sampling import weight_share_changed
 from ..utils.user_warnings import user_stacklevel
-from .ahead import AheadPipeline, ReadAhead, job_seed, seeded_sampling
+from .ahead import AheadPipeline, job_seed, seeded_sampling
 from .behaviour import (
     _RESUMED,
     ASYNC_STATE_FORMAT,
@@ -50,56 +50,22 @@ from .behaviour import (
     restart_pipeline,
     resume_shortfall,
     trainable_parameters,
-    weights_swapped_in,
     write_atomically,
 )
 from .checks import (
     ahead_run,
     async_rollouts_problem,
-    check_ahead_generator,
     refuse_unsupported,
     resolve_async_rollouts,
     snapshots_needed_by,
 )
 from .episodes import AheadEpisodes
 from .generators import generator_backend
-from .inline_generator import InProcessGenerator
-from .process_generator import GeneratorError, GeneratorProcess, SamplingSettings, padded_batch, sample
+from .hf_sampling import padded_batch
 from .protocols import AsyncRolloutHost
 from .sampler_logps import completion_logps, sampled_logps_recorded
-from .server_generator import ServerGenerator
 
-__all__ = [
-    "_RESUMED",
-    "ASYNC_STATE_FORMAT",
-    "BEHAVIOUR_WEIGHTS_FILE",
-    "AheadPipeline",
-    "AsyncRollouts",
-    "BehaviourWeights",
-    "GeneratorError",
-    "GeneratorProcess",
-    "InProcessGenerator",
-    "ModelSwap",
-    "ReadAhead",
-    "SamplingSettings",
-    "ServerGenerator",
-    "async_rollouts_for",
-    "async_rollouts_problem",
-    "check_ahead_generator",
-    "importance_weight_share_changed",
-    "job_seed",
-    "rank_batches_file",
-    "read_checkpoint_file",
-    "resolve_async_rollouts",
-    "restart_pipeline",
-    "resume_shortfall",
-    "sample",
-    "seeded_sampling",
-    "snapshots_needed_by",
-    "trainable_parameters",
-    "weights_swapped_in",
-    "write_atomically",
-]
+__all__ = ["AsyncRollouts", "async_rollouts_for", "importance_weight_share_changed"]
 
 
 def importance_weight_share_changed(
@@ -170,7 +136,7 @@ class AsyncRollouts:
         refuse_unsupported(args.async_generator, ahead_run(host))
         return AheadPipeline(
             self.behaviour,
-            start_generator=generator_backend(args.async_generator).start(self),
+            start_generator=generator_backend(args.async_generator).start(host, self.model_swap),
             prepare=self.episodes.prepare,
             seed_of=lambda step: job_seed(args.seed, step, 0, host.accelerator.process_index),
             current_weights=lambda: trainable_parameters(host.model),

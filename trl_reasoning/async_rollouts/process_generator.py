@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -47,11 +47,16 @@ from .generators import (
     GeneratorBackend,
     register_generator,
 )
-from .protocols import AsyncRolloutHost, GenerationJob, GeneratorResult, VersionedWeights, VersionGate
-from .sampler_logps import completion_logps, sampled_logps_recorded
-
-if TYPE_CHECKING:
-    from .pipeline import AsyncRollouts
+from .hf_sampling import SamplingSettings, sample, sampling_settings
+from .protocols import (
+    AsyncRolloutHost,
+    GenerationJob,
+    GeneratorError,
+    GeneratorResult,
+    VersionedWeights,
+    VersionGate,
+    WeightTransport,
+)
 
 
 @dataclasses.dataclass
@@ -65,33 +70,6 @@ class WorkerJob:
     seed: int
 
 
-@dataclasses.dataclass
-class SamplingSettings:
-    """What the worker needs to sample and score as the trainer would."""
-
-    generation_config: Any
-    pad_token_id: int
-    eos_token_ids: list[int]
-    temperature: float
-    pad_to_multiple_of: int | None
-    batch_size: int
-    threads: int = 1
-    device: str = "cpu"  # where the worker's copy of the model samples (the trainer's device)
-
-
-def sampling_settings(host: AsyncRolloutHost) -> SamplingSettings:
-    """How the trainer ``host`` samples, for a generator outside TRL's ``_generate``."""
-    return SamplingSettings(
-        generation_config=host.generation_config,
-        pad_token_id=host._tokenizer.pad_token_id,
-        eos_token_ids=list(host.eos_token_ids),
-        temperature=host.temperature,
-        pad_to_multiple_of=host.pad_to_multiple_of,
-        batch_size=host.args.per_device_train_batch_size,
-        device=str(host.accelerator.device),
-    )
-
-
 #: Seconds a new worker may take to import torch and build its model (at least; ``async_timeout`` if longer).
 STARTUP_TIMEOUT = 300.0
 #: Seconds between two checks, while the trainer waits, that the worker lives and runs.
@@ -99,10 +77,6 @@ POLL_SECONDS = 0.5
 #: Seconds a worker must be seen stopped before a wait reports it: a job suspended and resumed whole (the trainer and
 #: its worker stopped, then continued by one signal to their group) may show the worker stopped for an instant longer.
 STOPPED_GRACE_SECONDS = 2.0
-
-
-class GeneratorError(RuntimeError):
-    """The generator process failed, died or did not answer in time."""
 
 
 def process_state(pid: int) -> str | None:
@@ -174,51 +148,6 @@ def _rebuild(recipe: dict[str, Any]) -> torch.nn.Module:
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     return model.eval()
-
-
-def _padded(rows: list[list[int]], value: int, side: str, multiple: int | None) -> torch.Tensor:
-    from trl.trainer.utils import pad
-
-    return pad([torch.tensor(row, dtype=torch.long) for row in rows], value, side, multiple)
-
-
-@torch.no_grad()
-def sample(
-    model: torch.nn.Module, prompt_ids: list[list[int]], settings: SamplingSettings
-) -> tuple[list[list[int]], list[list[float]]]:
-    """``generate`` as TRL's ``_generate_single_turn`` calls it; each completion ends at its first EOS. Returns the
-    completions and their tokens' log-probabilities under the distribution ``generate`` sampled them from, read from
-    its scores (``trl_reasoning.async_rollouts.sampler_logps``: the truncated, renormalised one when sampling truncates)."""
-    input_ids = _padded(prompt_ids, settings.pad_token_id, "left", settings.pad_to_multiple_of).to(settings.device)
-    attention_mask = _padded([[1] * len(ids) for ids in prompt_ids], 0, "left", settings.pad_to_multiple_of)
-    attention_mask = attention_mask.to(settings.device)
-    with sampled_logps_recorded(model) as records:
-        output = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, generation_config=settings.generation_config
-        )
-    completions = []
-    for row in output[:, input_ids.size(1) :].tolist():
-        ends = [i for i, token in enumerate(row) if token in settings.eos_token_ids]
-        completions.append(row[: ends[0] + 1] if ends else row)
-    logps = completion_logps(records, completions)
-    if logps is None:
-        raise RuntimeError(
-            "generate's scores were not recorded: this transformers no longer builds its logits "
-            "processors with _get_logits_processor"
-        )
-    return completions, logps
-
-
-def padded_batch(
-    prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_token_id: int, multiple: int | None
-) -> dict[str, torch.Tensor]:
-    """Prompts left-padded and completions right-padded, with their masks, as TRL lays out a scored batch."""
-    return {
-        "prompt_ids": _padded(prompt_ids, pad_token_id, "left", multiple),
-        "prompt_mask": _padded([[1] * len(ids) for ids in prompt_ids], 0, "left", multiple),
-        "completion_ids": _padded(completion_ids, pad_token_id, "right", multiple),
-        "completion_mask": _padded([[1] * len(ids) for ids in completion_ids], 0, "right", multiple),
-    }
 
 
 def packed(weights: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -543,8 +472,8 @@ class ProcessGenerator(GeneratorBackend):
     while the trainer trains."""
 
     @staticmethod
-    def start(rollouts: AsyncRollouts) -> Callable[[], GeneratorProcess]:
-        host, args = rollouts.host, rollouts.host.args
+    def start(host: AsyncRolloutHost, model_swap: WeightTransport) -> Callable[[], GeneratorProcess]:
+        args = host.args
         settings = sampling_settings(host)
 
         def start_generator() -> GeneratorProcess:

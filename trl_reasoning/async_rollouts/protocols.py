@@ -51,6 +51,10 @@ class GenerationJob:
     later_turn: bool = False
 
 
+class GeneratorError(RuntimeError):
+    """A generator failed, died or did not answer in time (a worker process, a vLLM server's request)."""
+
+
 #: What a generator returns for a step: ``(completion ids, sampled-token log-probs, seconds the generator spent on
 #: them, seconds the caller waited for them)``.
 GeneratorResult = tuple[list[list[int]], list[list[float]], float, float]

@@ -37,7 +37,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from accelerate.utils import broadcast_object_list, gather_object
 
@@ -49,11 +49,15 @@ from .generators import (
     GeneratorBackend,
     register_generator,
 )
-from .process_generator import GeneratorError
-from .protocols import GenerationJob, GeneratorResult, VersionedWeights, VersionGate
-
-if TYPE_CHECKING:
-    from .pipeline import AsyncRollouts
+from .protocols import (
+    AsyncRolloutHost,
+    GenerationJob,
+    GeneratorError,
+    GeneratorResult,
+    VersionedWeights,
+    VersionGate,
+    WeightTransport,
+)
 
 #: ``VLLMGeneration`` attributes that give the sampling parameters of a request, read as its ``generate`` reads them.
 SAMPLING_ATTRIBUTES = (
@@ -371,12 +375,11 @@ class ServerGenerator:
                 self._changed.notify_all()
 
 
-def push_behaviour_weights(rollouts: AsyncRollouts, weights: VersionedWeights) -> None:
+def push_behaviour_weights(host: AsyncRolloutHost, model_swap: WeightTransport, weights: VersionedWeights) -> None:
     """``async_generator="server"`` (called by its transport when the version changes): TRL's weight sync with
     ``weights`` in the model (``ModelSwap``: the model's own weights are pushed as they are); TRL's own paths sync the
     current weights again before they next sample (evaluation)."""
-    host = rollouts.host
-    with rollouts.model_swap.holding(weights):
+    with model_swap.holding(weights):
         host.vllm_generation.sync_weights()
     host._last_loaded_step = -1
 
@@ -387,14 +390,14 @@ class VLLMServerGenerator(GeneratorBackend):
     of the trainer."""
 
     @staticmethod
-    def start(rollouts: AsyncRollouts) -> Callable[[], ServerGenerator]:
-        host, args = rollouts.host, rollouts.host.args
+    def start(host: AsyncRolloutHost, model_swap: WeightTransport) -> Callable[[], ServerGenerator]:
+        args = host.args
 
         def start_generator() -> ServerGenerator:
             return ServerGenerator(
                 vllm_generation=host.vllm_generation,
                 accelerator=host.accelerator,
-                push_weights=lambda weights: push_behaviour_weights(rollouts, weights),
+                push_weights=lambda weights: push_behaviour_weights(host, model_swap, weights),
                 num_generations=host.num_generations,
                 timeout=args.async_timeout,
             )
