@@ -41,9 +41,10 @@ def worker(strategy: str, paths: list[str], steps: int, vocab: int, length: int,
         reset_strategy_state(environment)
         overrides = {**strategy_kwargs(strategy), "dppo_divergence": "topk_tv"}
         trainer = workload_trainer(tr.DPPOConfig, tr.DPPOTrainer, overrides, steps, vocab, length)
-        trainer._lm_head_from_hidden = path == "LM head"  # False: the logits fallback, the path sharding used to take
+        # False: the logits fallback, the path sharding used to take
+        trainer.topk_forward.lm_head_from_hidden = path == "LM head"
         peaks = gather_object([measure_train(trainer)["peak_mib"]])
-        results[path] = {"peak_mib": max(peaks), "kept_lm_head": trainer._lm_head_from_hidden}
+        results[path] = {"peak_mib": max(peaks), "kept_lm_head": trainer.topk_forward.lm_head_from_hidden}
     if trainer.accelerator.is_main_process:
         with open(out, "w") as f:
             json.dump(results, f)

@@ -319,7 +319,7 @@ def topk_worker(name: str, steps: int, length: int, num_threads: int | None = No
         peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
     )
     if not from_hidden:
-        trainer._lm_head_from_hidden = False  # the fallback: one [B, T, vocab] logits tensor
+        trainer.topk_forward.lm_head_from_hidden = False  # the fallback: one [B, T, vocab] logits tensor
     return measure_train(trainer)
 
 

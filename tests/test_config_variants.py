@@ -241,3 +241,21 @@ def test_the_docs_traits_column_is_generated_from_the_traits_dataclasses():
     for registry in VARIANT_REGISTRIES.values():  # and what each trait means, from its field's help
         for trait in dataclasses.fields(registry.traits_class):
             assert f"| `{trait.name}` |" in page, trait.name
+
+
+def test_each_variant_field_s_docstring_entry_is_its_declared_help():
+    """The config's docstring entry of every variant field trl-reasoning declares is written from the declaration
+    (``VariantField.help`` and default), so the meaning is written once."""
+    import textwrap
+
+    from trl_reasoning.config import VARIANT_FIELDS, ReasoningConfig
+
+    doc = ReasoningConfig.__doc__
+    assert "{variant field" not in doc
+    own = [declared for declared in VARIANT_FIELDS.values() if not declared.defined_by_trl]
+    assert len(own) >= 7
+    for declared in own:
+        entry = doc.split(f"\n        {declared.name} (", 1)[1].split("\n        ", 1)[0]
+        assert f"defaults to `{declared.default!r}`".replace("'", '"') in entry.splitlines()[0], declared.name
+        body = " ".join(line.strip() for line in doc.split(f"\n        {declared.name} (", 1)[1].splitlines()[1:4])
+        assert " ".join(textwrap.wrap(declared.help))[:60] in body, declared.name

@@ -35,7 +35,7 @@ def test_import_prints_nothing_and_imports_no_heavy_library():
     assert json.loads(output[0].removeprefix("loaded: ")) == []
 
 
-def test_names_that_became_packages_still_export_their_old_public_names():
+def test_the_subpackages_export_their_public_names():
     from trl_reasoning.async_rollouts import AsyncRollouts, job_seed  # noqa: F401
     from trl_reasoning.evaluation import mean_pass_at_k, pass_at_k  # noqa: F401
     from trl_reasoning.rewards import RewardFunctionError, overlong_penalty, wrap_reward_function  # noqa: F401

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -226,3 +227,74 @@ def test_no_part_of_the_package_has_an_import_circle():
     is handed the trainer and the weight transport it reads, not the facade that chose it."""
     assert import_circles(module_imports()) == []
     assert import_circles({"a.x": {"a.y"}, "a.y": {"a.x"}}) == [["a.x", "a.y", "a.x"]], "the check finds a circle"
+
+
+_NOQA_F401 = re.compile(r"#\s*noqa:[^#\n]*\bF401\b")
+
+
+def _module_statements(body: list[ast.stmt]) -> list[ast.stmt]:
+    """A module's top-level statements, with those inside its top-level ``if`` / ``try`` / ``with`` blocks."""
+    found = []
+    for node in body:
+        found.append(node)
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            for block in (
+                node.body,
+                getattr(node, "orelse", []),
+                getattr(node, "finalbody", []),
+                *[handler.body for handler in getattr(node, "handlers", [])],
+            ):
+                found += _module_statements(block)
+    return found
+
+
+def reexported_names(source: str) -> list[str]:
+    """The names a module's ``__all__`` lists but the module does not define (by ``def``, ``class`` or assignment),
+    and the names it imports with a ``# noqa: F401`` marker (imported for others to import from it)."""
+    statements = _module_statements(ast.parse(source).body)
+    lines = source.splitlines()
+    defined, exported, found = set(), [], []
+    for node in statements:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {name.id for target in targets for name in ast.walk(target) if isinstance(name, ast.Name)}
+            if "__all__" in names and node.value is not None:
+                exported += [name for name in ast.literal_eval(node.value) if isinstance(name, str)]
+            defined |= names
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(_NOQA_F401.search(line) for line in lines[node.lineno - 1 : node.end_lineno]):
+                found += [alias.asname or alias.name.split(".")[0] for alias in node.names]
+    return found + [name for name in exported if name not in defined]
+
+
+def test_a_module_exports_only_the_names_it_defines():
+    """One home per name: a module's ``__all__`` lists only what it defines, and it imports nothing just to be imported
+    from (``# noqa: F401``); an importer imports a name from the module that defines it. A package's ``__init__`` is
+    the exception: it exports its package's public names."""
+    modules = {
+        path.relative_to(PACKAGE).as_posix(): path.read_text()
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "__init__.py"
+    }
+    assert len(modules) > 50
+    found = {
+        module: names
+        for module, source in modules.items()
+        if (names := reexported_names(source))
+    }
+    assert found == {}, f"names exported from a module that does not define them: {found}"
+
+
+def test_the_check_catches_a_reexport():
+    marker = "#" + " noqa: F401"  # built, so that ruff does not take it for a directive of this file
+    source = (
+        f"from .a import b  {marker}\n"
+        f"from .c import (  {marker} - re-exported\n    d,\n)\n"
+        "from .e import f\n"
+        "if True:\n    G = 1\n"
+        "def h(): ...\n"
+        "__all__ = ['G', 'f', 'h']\n"
+    )
+    assert reexported_names(source) == ["b", "d", "f"]

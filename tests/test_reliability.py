@@ -44,7 +44,7 @@ from trl import GRPOTrainer
 
 import trl_reasoning as tr
 from trl_reasoning.rewards.wrapping import RewardFunctionError, RewardTimeoutError
-from trl_reasoning.trainer import base as seam
+from trl_reasoning.trainer import trl_api
 from trl_reasoning.trainer.checkpoints import SAMPLING_STATE_FILE
 
 DOC = Path(__file__).parents[1] / "docs" / "RELIABILITY.md"
@@ -448,7 +448,7 @@ def test_no_positive_resampling_with_several_rewards_needs_task_reward_funcs(tin
     ):
         trainer = _trainer(tiny_model_path, tmp_path, [never_solved, format_bonus], tr.ScaleRLTrainer)
     trainer.train()  # format_bonus passes every completion: judged on it, every prompt would retire
-    assert trainer.state.global_step == 3 and len(trainer._retired_prompts) == 0
+    assert trainer.state.global_step == 3 and len(trainer.rollout.prompt_state.retired) == 0
     assert set(logged_metric(trainer, "group_selection/retirement_suspended")) == {1.0}
 
 
@@ -473,11 +473,11 @@ def test_a_format_bonus_never_retires_an_unsolved_prompt(tiny_model_path, tmp_pa
         return trainer
 
     judged_on_correctness = run("never_solved")
-    assert len(judged_on_correctness._retired_prompts) == 0
+    assert len(judged_on_correctness.rollout.prompt_state.retired) == 0
     assert set(logged_metric(judged_on_correctness, "task_reward")) == {0.0}
     assert set(logged_metric(judged_on_correctness, "reward")) == {1.0}  # the combined reward, as TRL logs it
     # the knob decides: judged on the format bonus, the same run retires every prompt it sees
-    assert len(run("format_bonus")._retired_prompts) > 0
+    assert len(run("format_bonus").rollout.prompt_state.retired) > 0
 
 
 # ====================================================================================== configs
@@ -589,7 +589,7 @@ def test_qlora_without_bitsandbytes(tiny_model_path, tmp_path, monkeypatch):
 def test_unsupported_trl_version_warns(monkeypatch):
     monkeypatch.setattr(trl, "__version__", "1.17.0")
     with pytest.warns(UserWarning, match=r"supports trl>=1\.16\.0,<1\.17\.0, but trl 1\.17\.0 is installed"):
-        seam.warn_if_trl_unsupported()
+        trl_api.warn_if_trl_unsupported()
 
 
 def test_changed_trl_private_api_is_named():
@@ -598,7 +598,7 @@ def test_changed_trl_private_api_is_named():
             return None
 
     with pytest.raises(tr.TRLCompatibilityError, match=r"NewTRL\._calculate_rewards takes \(inputs, prompts, comp"):
-        seam.check_trl_private_api(NewTRL)
+        trl_api.check_trl_private_api(NewTRL)
 
 
 # ====================================================================================== training faults

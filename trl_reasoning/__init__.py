@@ -19,21 +19,24 @@ if TYPE_CHECKING:  # what the names below resolve to, for type checkers and edit
     from .algorithms.advantages import compute_advantages  # noqa: F401
     from .algorithms.aggregation import aggregate_loss, completion_weights  # noqa: F401
     from .algorithms.losses import compute_policy_loss  # noqa: F401
+    from .config import ReasoningConfig  # noqa: F401
     from .evaluation.callbacks import PassAtKCallback, evaluate_pass_at_k  # noqa: F401
     from .evaluation.compute_curves import ComputeCurveFit, fit_compute_curve  # noqa: F401
     from .evaluation.pass_at_k import mean_pass_at_k, pass_at_k  # noqa: F401
     from .models.model_card import ReasoningModelCardMixin  # noqa: F401
     from .presets import *  # noqa: F403
     from .rewards.wrapping import RewardFunctionError, overlong_penalty  # noqa: F401
-    from .trainer import ReasoningConfig, ReasoningTrainer, TRLCompatibilityError, warn_if_trl_unsupported  # noqa: F401
+    from .trainer.base import ReasoningTrainer  # noqa: F401
     from .trainer.guards import LaunchWarning, NonFiniteLossError, NonFiniteLossWarning  # noqa: F401
     from .trainer.rollout import DynamicSamplingWarning  # noqa: F401
+    from .trainer.trl_api import TRLCompatibilityError, warn_if_trl_unsupported  # noqa: F401
 
 
 __version__ = "0.1.0"
 
-#: Each public name (but the presets') and the module it is imported from on first use. The trainer's names come
-#: from ``trl_reasoning.trainer``, whose import warns when the installed TRL is not a supported version.
+#: Each public name (but the presets') and the module that defines it, imported from there on first use. A trainer's
+#: or a config's name imports ``trl_reasoning.trainer`` first, whose import warns when the installed TRL is not a
+#: supported version.
 _EXPORTS: dict[str, str] = {
     "compute_advantages": "algorithms.advantages",
     "aggregate_loss": "algorithms.aggregation",
@@ -48,10 +51,10 @@ _EXPORTS: dict[str, str] = {
     "ReasoningModelCardMixin": "models.model_card",
     "RewardFunctionError": "rewards.wrapping",
     "overlong_penalty": "rewards.wrapping",
-    "ReasoningConfig": "trainer",
-    "ReasoningTrainer": "trainer",
-    "TRLCompatibilityError": "trainer",
-    "warn_if_trl_unsupported": "trainer",
+    "ReasoningConfig": "config",
+    "ReasoningTrainer": "trainer.base",
+    "TRLCompatibilityError": "trainer.trl_api",
+    "warn_if_trl_unsupported": "trainer.trl_api",
     "LaunchWarning": "trainer.guards",
     "NonFiniteLossError": "trainer.guards",
     "NonFiniteLossWarning": "trainer.guards",
@@ -72,6 +75,8 @@ def __getattr__(name: str) -> Any:
     if name == "__all__":
         value = _public_names()
     elif name in _EXPORTS:
+        if _EXPORTS[name] == "config":  # as for the trainer's names (trainer.*): the import that checks TRL's version
+            importlib.import_module(".trainer", __name__)
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     elif name.startswith("_"):  # no public name starts with one: answered without importing anything
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,7 +40,7 @@ from .algorithms.losses import (
     required_inputs,
     sequence_ratio_form,
 )
-from .algorithms.registry import Registry
+from .algorithms.registry import Registry, with_variant_field_entries
 from .algorithms.sampling_processors import overridden_settings, unreproduced_settings
 from .algorithms.shaping import MULTI_OBJECTIVE_AGGREGATIONS
 from .algorithms.truncation import sampling_truncation
@@ -166,13 +166,8 @@ class ReasoningConfig(GRPOConfig):
             batch holds `generation_batch_size / num_generations` informative groups, or `max_num_gen_batches`
             rounds have run. When rounds run out the step trains on the groups it has (the missing ones are filled
             with dropped groups whose loss weight is 0), with a warning and the `group_selection/round_cap_hit` metric.
-        max_num_gen_batches (`int`, *optional*, defaults to `10`):
-            The most generation rounds (the dataloader's batch included) dynamic sampling runs for one batch.
-        extra_round_size (`str`, *optional*, defaults to `"keep_rate"`):
-            How many prompts an extra dynamic-sampling round generates: `"keep_rate"` sizes it from the share of
-            informative groups measured so far in the step (`ceil(missing / keep rate)` groups, whole rows on every
-            process, at most a full batch; `algorithms.group_selection.extra_round_groups`); `"full"` generates a full generation batch
-            every round, as verl's DAPO does. Which groups train follows the same rule either way.
+        {variant field max_num_gen_batches}
+        {variant field extra_round_size}
         zero_variance_filtering (`bool`, *optional*, defaults to `False`):
             ScaleRL's zero-variance filtering: groups whose task rewards are all equal get loss weight 0 and the
             loss normalizers count only the other groups. Nothing is regenerated.
@@ -337,23 +332,14 @@ class ReasoningConfig(GRPOConfig):
 
         > Parameters of DPPO
 
-        dppo_divergence (`str`, *optional*, defaults to `"binary_tv"`):
-            The divergence of DPPO's trust-region mask: `"binary_tv"` or `"binary_kl"` (the sampled token against
-            the rest), or `"topk_tv"` / `"topk_kl"` (the rollout distribution's top-`dppo_topk` tokens plus a rest
-            bucket; the rollout's top-K ids and log-probs are stored at generation time).
-        dppo_topk (`int`, *optional*, defaults to `20`):
-            K of the `"topk_*"` divergences.
-        dppo_threshold (`float` or `None`, *optional*, defaults to `None`):
-            The mask's threshold δ; `None` takes the paper's default for the divergence (0.15 TV, 0.05 KL).
-        dppo_is_cap (`float` or `None`, *optional*, defaults to `None`):
-            Optional cap `C` on DPPO's importance ratio `π / μ_rollout` (`w = min(π / μ_rollout, C)`). `None`, the
-            authors' setting, applies no cap (their verl script sets `clip_ratio_c=10000` "for a fair comparison").
+        {variant field dppo_divergence}
+        {variant field dppo_topk}
+        {variant field dppo_threshold}
+        {variant field dppo_is_cap}
 
         > Parameters of MaxRL
 
-        maxrl_reward_threshold (`float` or `None`, *optional*, defaults to `None`):
-            MaxRL needs binary rewards. With a threshold, a reward `≥` threshold counts as a success (1), otherwise a
-            failure (0). Without one, non-binary rewards raise an error naming the reward function.
+        {variant field maxrl_reward_threshold}
     """
 
     advantage_estimator: str | None = field(
@@ -670,15 +656,15 @@ class ReasoningConfig(GRPOConfig):
                 default = _DEFAULT_POLICY_LOSS
                 self.policy_loss = sequence_ratio_form(default) if sequence_level else default
             if self.loss_aggregation is None:
-                self.loss_aggregation = POLICY_LOSSES.trait(
-                    self.policy_loss, "default_aggregation", _DEFAULT_AGGREGATION
+                self.loss_aggregation = (
+                    POLICY_LOSSES.traits(self.policy_loss).default_aggregation or _DEFAULT_AGGREGATION
                 )
         POLICY_LOSSES.get(self.policy_loss)  # raises on an unknown name, listing the allowed ones
         AGGREGATIONS.get(self.loss_aggregation)
         self._resolve_importance_sampling_level(sequence_level)
         # The TRL name of the result, which TRL's own __init__ reads for its warnings (None: TRL has no equivalent).
         self.loss_type = _TRL_LOSS_TYPE_OF.get((base_objective(self.policy_loss), self.loss_aggregation))
-        if AGGREGATIONS.trait(self.loss_aggregation, "per_micro_batch", False):
+        if AGGREGATIONS.traits(self.loss_aggregation).per_micro_batch:
             warnings.warn(
                 f"loss_aggregation={self.loss_aggregation!r} (TRL's loss_type='bnpo') normalizes by the tokens of each "
                 "process's micro-batch, as TRL defines it: the gradient of an optimizer step then depends on "
@@ -728,9 +714,9 @@ class ReasoningConfig(GRPOConfig):
     def _resolve_importance_sampling_level(self, sequence_level: bool) -> None:
         """A loss that is another's sequence-ratio form (gspo) sets ``importance_sampling_level="sequence"``; with
         ``"sequence"``, the loss must declare ``sequence_level``."""
-        if POLICY_LOSSES.trait(self.policy_loss, "sequence_ratio_of"):
+        if POLICY_LOSSES.traits(self.policy_loss).sequence_ratio_of:
             self.importance_sampling_level = "sequence"  # its ratio is the sequence ratio by definition
-        elif sequence_level and not POLICY_LOSSES.trait(self.policy_loss, "sequence_level", False):
+        elif sequence_level and not POLICY_LOSSES.traits(self.policy_loss).sequence_level:
             allowed = POLICY_LOSSES.with_trait("sequence_level")
             forms = POLICY_LOSSES.with_trait("sequence_ratio_of")
             raise ValueError(
@@ -754,7 +740,7 @@ class ReasoningConfig(GRPOConfig):
         if self.advantage_estimator is None:
             self.advantage_estimator = _SCALE_REWARDS_TO_ESTIMATOR[scale or "group"]
         ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
-        implied = ADVANTAGE_ESTIMATORS.trait(self.advantage_estimator, "trl_scale_rewards", "none")
+        implied = ADVANTAGE_ESTIMATORS.traits(self.advantage_estimator).trl_scale_rewards or "none"
         if scale is not None and scale != implied:
             raise ValueError(
                 f"scale_rewards={self.scale_rewards!r} conflicts with advantage_estimator="
@@ -807,10 +793,7 @@ class ReasoningConfig(GRPOConfig):
                 f"Unknown multi_objective_aggregation {self.multi_objective_aggregation!r}. Allowed values: "
                 f"{', '.join(MULTI_OBJECTIVE_AGGREGATIONS)}."
             )
-        if (
-            ADVANTAGE_ESTIMATORS.trait(self.advantage_estimator, "group_relative", False)
-            and (self.num_generations or 0) < 2
-        ):
+        if ADVANTAGE_ESTIMATORS.traits(self.advantage_estimator).group_relative and (self.num_generations or 0) < 2:
             raise ValueError(
                 f"num_generations={self.num_generations} is too small: advantage_estimator="
                 f"{self.advantage_estimator!r} compares each completion with the others of its prompt's group, so "
@@ -875,7 +858,7 @@ class ReasoningConfig(GRPOConfig):
                 f"reference_reset_kl={kl} reads the KL of the loss, which kl_in_reward=True moves into the reward. "
                 "Set kl_in_reward=False, or reference_reset_kl=None (reference_reset_steps works with either)."
             )
-        if kl is not None and ADVANTAGE_ESTIMATORS.trait(self.advantage_estimator, "kl_in_return", False):
+        if kl is not None and ADVANTAGE_ESTIMATORS.traits(self.advantage_estimator).kl_in_return:
             raise ValueError(
                 f"reference_reset_kl={kl} reads the KL of the loss, which advantage_estimator="
                 f"{self.advantage_estimator!r} puts in each token's return instead. Set reference_reset_kl=None "
@@ -887,7 +870,7 @@ class ReasoningConfig(GRPOConfig):
         declare ``ignores_delta``): there it is accepted and ignored, with a warning."""
         if self.delta is None or POLICY_LOSSES.takes(self.policy_loss, "delta"):
             return
-        if POLICY_LOSSES.trait(self.policy_loss, "ignores_delta", False):
+        if POLICY_LOSSES.traits(self.policy_loss).ignores_delta:
             warnings.warn(
                 f"delta={self.delta} (two-sided clipping of the clip objective) is ignored by policy_loss="
                 f"{self.policy_loss!r}, as TRL ignores it for loss_type={self.policy_loss!r}.",
@@ -896,7 +879,7 @@ class ReasoningConfig(GRPOConfig):
             )
             return
         takers = [name for name in POLICY_LOSSES.names() if POLICY_LOSSES.takes(name, "delta")]
-        forms = [name for name in takers if POLICY_LOSSES.trait(name, "sequence_ratio_of")]
+        forms = [name for name in takers if POLICY_LOSSES.traits(name).sequence_ratio_of]
         objectives = " or ".join(repr(name) for name in takers if name not in forms)
         also = f" (and {', '.join(repr(name) for name in forms)})" if forms else ""
         own = ", ".join(declared.name for declared in POLICY_LOSSES.fields(self.policy_loss))
@@ -1065,3 +1048,8 @@ class ReasoningConfig(GRPOConfig):
                 f"overlong_cache_length={value} must not exceed max_completion_length={self.max_completion_length}."
             )
         self.overlong_cache_length = value
+
+
+ReasoningConfig.__doc__ = with_variant_field_entries(
+    ReasoningConfig.__doc__, VARIANT_FIELDS, ReasoningConfig.__annotations__
+)

@@ -341,8 +341,8 @@ def test_estimators_take_the_options_they_declare():
     # per-token inputs, and returns one advantage per token).
     options = dict(reward_threshold=0.5, epsilon=1e-4, completion_mask=torch.ones(4, 3), beta=0.1)
     for name in ADVANTAGE_ESTIMATORS.names():
-        expected = (4, 3) if ADVANTAGE_ESTIMATORS.trait(name, "token_level") else (4,)
+        expected = (4, 3) if ADVANTAGE_ESTIMATORS.traits(name).token_level else (4,)
         assert compute_advantages(rewards, 2, name, **options).shape == expected
     binarized = compute_advantages(rewards, 2, "maxrl", reward_threshold=0.5)
     assert binarized.tolist() == [-1.0, 1.0, -1.0, 1.0]
-    assert [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.trait(n, "binary_rewards")] == ["maxrl"]
+    assert [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.traits(n).binary_rewards] == ["maxrl"]

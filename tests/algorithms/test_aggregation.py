@@ -103,7 +103,7 @@ def test_micro_batch_token_mean_depends_on_the_split_and_only_it_is_registered_p
         aggregate_loss(t64(PER_TOKEN)[rows], mask[rows], "micro_batch_token_mean").item() for rows in halves
     )
     assert math.isclose(split_total, 4.0)
-    per_micro_batch = [m for m in AGGREGATIONS.names() if AGGREGATIONS.trait(m, "per_micro_batch", False)]
+    per_micro_batch = [m for m in AGGREGATIONS.names() if AGGREGATIONS.traits(m).per_micro_batch]
     assert per_micro_batch == ["micro_batch_token_mean"]
 
 

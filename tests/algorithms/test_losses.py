@@ -636,9 +636,9 @@ def test_losses_declare_what_they_need_instead_of_the_trainer_naming_them():
     assert all(required_inputs(name) == frozenset() for name in POLICY_LOSSES.names() if name != "dppo")
     # Only DPPO's ratio is taken against the rollout engine, and only VESPO folds TRL's vLLM correction into its own
     # weight: for both, the trainer must not apply that correction a second time.
-    assert [n for n in POLICY_LOSSES.names() if POLICY_LOSSES.trait(n, "ratio_to_rollout", False)] == ["dppo"]
-    assert [n for n in POLICY_LOSSES.names() if POLICY_LOSSES.trait(n, "own_is_correction", False)] == ["vespo"]
-    sequence_capable = {n for n in POLICY_LOSSES.names() if POLICY_LOSSES.trait(n, "sequence_level", False)}
+    assert [n for n in POLICY_LOSSES.names() if POLICY_LOSSES.traits(n).ratio_to_rollout] == ["dppo"]
+    assert [n for n in POLICY_LOSSES.names() if POLICY_LOSSES.traits(n).own_is_correction] == ["vespo"]
+    sequence_capable = {n for n in POLICY_LOSSES.names() if POLICY_LOSSES.traits(n).sequence_level}
     assert sequence_capable == {"clip", "cispo", "sapo", "vespo"}
     with pytest.raises(ValueError, match="Unknown policy loss 'ppo'"):
-        POLICY_LOSSES.trait("ppo", "ratio_to_rollout")
+        POLICY_LOSSES.traits("ppo")

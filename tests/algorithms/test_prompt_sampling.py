@@ -8,7 +8,6 @@ import json
 import pytest
 from trl.trainer.utils import RepeatSampler
 
-from trl_reasoning.algorithms import group_selection
 from trl_reasoning.algorithms.prompt_sampling import (
     SAMPLING_STATE_FORMAT,
     EpochRepeatSampler,
@@ -187,7 +186,5 @@ def test_a_restored_stream_from_another_dataset_restarts_instead_of_indexing_pas
     assert PromptState(0, lambda: 2, lambda: ["0", "1"]).load_state_dict(legacy)
 
 
-def test_the_state_is_written_with_the_format_constant_that_group_selection_still_re_exports():
+def test_the_state_is_written_with_its_format_constant():
     assert PromptState(0, lambda: 2, lambda: ["0", "1"]).state_dict()["format"] == SAMPLING_STATE_FORMAT == 1
-    for name in ("PromptState", "EpochRepeatSampler", "RetiredPrompts", "PromptStream", "prompt_key"):
-        assert getattr(group_selection, name).__module__ == "trl_reasoning.algorithms.prompt_sampling", name

@@ -130,9 +130,9 @@ def test_token_kl_is_k1_clamped_to_ten_masked_and_without_gradient():
 
 def test_registered_as_token_level_variants_with_the_kl_in_their_return():
     for name in ESTIMATORS:
-        assert ADVANTAGE_ESTIMATORS.trait(name, "token_level") and ADVANTAGE_ESTIMATORS.trait(name, "kl_in_return")
-    assert ADVANTAGE_ESTIMATORS.trait("reinforce_pp_baseline", "group_relative")
-    assert not ADVANTAGE_ESTIMATORS.trait("reinforce_pp", "group_relative", False)  # the paper's k >= 1 variant
+        assert ADVANTAGE_ESTIMATORS.traits(name).token_level and ADVANTAGE_ESTIMATORS.traits(name).kl_in_return
+    assert ADVANTAGE_ESTIMATORS.traits("reinforce_pp_baseline").group_relative
+    assert not ADVANTAGE_ESTIMATORS.traits("reinforce_pp").group_relative  # the paper's k >= 1 variant
     assert ADVANTAGE_ESTIMATORS.with_trait("token_level") == ESTIMATORS
 
 

@@ -61,6 +61,10 @@ class NumberedEpisodes:
         return f"value of {key} in episode {self.episode}"
 
 
+class OtherEpisodes(NumberedEpisodes):
+    """A second environment, chosen by a row's ``environment`` field (the same tool, another class)."""
+
+
 class RowEpisodes(NumberedEpisodes):
     """The same tool, with each episode named by its row (so a resumed run starts the same episodes)."""
 
@@ -80,7 +84,15 @@ GENERATORS = {
 SERVER = dict(use_vllm=True, vllm_mode="server")
 
 
-def _trainer(tmp_path, generator: str, kind: str, environment=NumberedEpisodes, peft_config=None, **overrides):
+def _trainer(
+    tmp_path,
+    generator: str,
+    kind: str,
+    environment=NumberedEpisodes,
+    peft_config=None,
+    train_dataset=None,
+    **overrides,
+):
     """A ``ReasoningTrainer`` of the tiny model (room for TRL's tool section, a template that renders tool calls)
     with ``tools=[lookup]`` or ``environment_factory=environment``, its reward recording what each rollout saw."""
     path = save_tiny_model(tmp_path / "tool-model", seed=0)
@@ -103,6 +115,9 @@ def _trainer(tmp_path, generator: str, kind: str, environment=NumberedEpisodes, 
                     "prompt": prompt[-1]["content"],
                     "tool": tool,
                     "episode": None if episode is None else (episode.episode, episode.calls),
+                    "environment": (kwargs["environment"][row], type(episode).__name__)
+                    if "environment" in kwargs
+                    else None,
                 }
             )
         return [float(i % 2) for i in range(len(completions))]  # differ within every group: each step moves
@@ -112,7 +127,7 @@ def _trainer(tmp_path, generator: str, kind: str, environment=NumberedEpisodes, 
         model=str(path),
         reward_funcs=records,
         args=args,
-        train_dataset=make_prompts(),
+        train_dataset=make_prompts() if train_dataset is None else train_dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
         **multi_turn,
@@ -295,3 +310,22 @@ def test_two_gloo_processes_run_environments_on_their_generator_processes(tmp_pa
     assert reports[0]["episodes"] != reports[1]["episodes"], "each rank runs its own rows' episodes"
     assert reports[0]["weights"] == pytest.approx(reports[1]["weights"], rel=1e-9)
     assert not any(report["worker_left"] for report in reports)
+
+
+@pytest.mark.slow
+def test_several_environments_by_name_on_the_generator_process(tmp_path):
+    """``environment_factory={name: class}`` with an ``environment`` column: each row's episode starts, at submission,
+    on an instance of the environment its row names, and TRL's scoring hands the row that same instance."""
+    from datasets import Dataset
+
+    rows = [{**row, "environment": ("numbered", "other")[i % 2]} for i, row in enumerate(make_prompts())]
+    environments = {"numbered": NumberedEpisodes, "other": OtherEpisodes}
+    trainer, call, seen = _trainer(
+        tmp_path, "process-k1", "environment", environments, train_dataset=Dataset.from_list(rows), max_steps=2
+    )
+    _first_turn_is_the_call(trainer, call)
+    batches, weights_at_step = _recorded(trainer)
+    trainer.train()
+    _check_two_turn_samples(trainer, batches, weights_at_step, seen, call, "environment", 1)
+    kinds = {record["environment"] for record in seen}
+    assert kinds == {("numbered", "NumberedEpisodes"), ("other", "OtherEpisodes")}

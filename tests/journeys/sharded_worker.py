@@ -90,9 +90,9 @@ def run(strategy: str, preset: str, model_path: str, out_dir: str, environment: 
         "global_step": trainer.state.global_step,
         "losses": [e["loss"] for e in history if "loss" in e],
         "rewards": [e["reward"] for e in history if "reward" in e],
-        "lm_head_from_hidden": trainer._lm_head_from_hidden,
+        "lm_head_from_hidden": trainer.topk_forward.lm_head_from_hidden,
         "padding_free": trainer.packing.enabled,
-        "head_inside_forward": trainer._sharded_lm_head(trainer.model_wrapped) is not None,
+        "head_inside_forward": trainer.topk_forward._sharded_lm_head(trainer.model_wrapped) is not None,
         "moved": max((final[n] - initial[n]).abs().max().item() for n in final),
         "parameters": final,
     }

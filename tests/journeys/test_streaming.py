@@ -16,7 +16,7 @@ from datasets import IterableDataset
 
 import trl_reasoning as tr
 from journeys._helpers import journey_args, step_losses
-from trl_reasoning.algorithms.group_selection import prompt_key
+from trl_reasoning.algorithms.prompt_sampling import prompt_key
 
 pytestmark = [pytest.mark.journey, pytest.mark.filterwarnings("ignore::trl_reasoning.DynamicSamplingWarning")]
 

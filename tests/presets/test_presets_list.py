@@ -12,9 +12,10 @@ import pytest
 
 import trl_reasoning as tr
 from trl_reasoning import presets
+from trl_reasoning.config import ReasoningConfig
 from trl_reasoning.presets import PRESETS, Preset, preset
 from trl_reasoning.presets.tables import presets_markdown, sources_markdown
-from trl_reasoning.trainer.base import ReasoningConfig, ReasoningTrainer
+from trl_reasoning.trainer.base import ReasoningTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS_DIR = ROOT / "trl_reasoning" / "presets"

@@ -39,7 +39,7 @@ def test_generation_stores_the_rollout_top_k(tiny_model_path, tmp_path, divergen
     assert torch.isnan(logps[~valid]).all()
     assert (ids == completion_ids.unsqueeze(-1)).any(-1)[valid].all()  # the sampled token is always present
     # The memory-bounded path (hidden states x LM head, no [B, T, V] logits) is the one taken for this model.
-    _, head, _ = trainer._final_hidden_states(trainer.model, PaddedRows(input_ids, mask, t), False)
+    _, head, _ = trainer.topk_forward._final_hidden_states(trainer.model, PaddedRows(input_ids, mask, t), False)
     assert head is not None
 
 
@@ -123,18 +123,19 @@ def test_a_head_that_cannot_be_applied_falls_back_to_the_logits_path(tiny_model_
             return torch.nn.Linear(0, 0, bias=False)
 
     fallback_calls = []
-    original = trainer._completion_logits
+    original = trainer.topk_forward._completion_logits
 
     def spy(*args, **kwargs):
         fallback_calls.append(1)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(trainer, "_bare_model", lambda model=None: ShardedView())
-    monkeypatch.setattr(trainer, "_completion_logits", spy)
+    monkeypatch.setattr(trainer.topk_forward, "_completion_logits", spy)
     loss = trainer._compute_loss(trainer.model, batch)
     assert fallback_calls
     torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-6)
-    assert not trainer._lm_head_from_hidden  # later steps go straight to the logits, without the wasted forward
+    # later steps go straight to the logits, without the wasted forward
+    assert not trainer.topk_forward.lm_head_from_hidden
 
 
 def test_the_per_step_forward_does_not_unwrap_the_model_every_time(tiny_model_path, tmp_path, monkeypatch):

@@ -130,7 +130,7 @@ def test_equals_grpo_trainer_with_one_forward_fewer(mode, noisy_vllm, tiny_model
         args=GRPOConfig(**vllm_settings(tmp_path, "trl", **band)),
         train_dataset=dataset,
     )
-    assert ours._correction_source == "loss"
+    assert ours.correction.source == "loss"
     before = [p.detach().clone() for p in ours.model.parameters()]
     ours_params, ours_forwards = train(ours)
     their_params, their_forwards = train(theirs)
@@ -169,7 +169,7 @@ def test_the_switch_takes_trls_forward_back(noisy_vllm, tiny_model_path, tmp_pat
         trainers[name] = tr.DAPOTrainer(
             model=tiny_model_path, reward_funcs=digit_fraction, args=args, train_dataset=dataset
         )
-    assert trainers["trl"]._correction_source == "trl"
+    assert trainers["trl"].correction.source == "trl"
     (loss_params, loss_forwards), (trl_params, trl_forwards) = (train(trainers[n]) for n in ("loss", "trl"))
     assert_same_run(trainers["loss"], trainers["trl"], loss_params, trl_params, (*SAMPLING_METRICS, "kl"))
     assert trl_forwards == [4, 4] and loss_forwards == [2, 2]
@@ -189,12 +189,12 @@ def test_where_not_exact_trls_forward_stays(noisy_vllm, tiny_model_path, tmp_pat
     trainer = tr.DAPOTrainer(
         model=tiny_model_path, reward_funcs=digit_fraction, args=args, train_dataset=make_prompts()
     )
-    assert trainer._correction_source == "trl"
+    assert trainer.correction.source == "trl"
     args = tr.DAPOConfig(**vllm_settings(tmp_path, "y", loss_type=None, epsilon_high=None, num_iterations=2))
     trainer = tr.DAPOTrainer(
         model=tiny_model_path, reward_funcs=digit_fraction, args=args, train_dataset=make_prompts()
     )
-    assert trainer._correction_source == "trl"
+    assert trainer.correction.source == "trl"
 
 
 def test_asynchronous_run_equals_trls_forward(tiny_model_path, tmp_path):
@@ -223,7 +223,7 @@ def test_asynchronous_run_equals_trls_forward(tiny_model_path, tmp_path):
         trainer = tr.DAPOTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=args, train_dataset=dataset)
         runs[name] = (trainer, *train(trainer))
     (ours, ours_params, ours_forwards), (theirs, their_params, their_forwards) = runs["loss"], runs["trl"]
-    assert ours._correction_source == "loss" and theirs._correction_source == "trl"
+    assert ours.correction.source == "loss" and theirs.correction.source == "trl"
     metrics = (*SAMPLING_METRICS, "sampling/effective_sample_size", "async/is_weight_changed")
     assert_same_run(ours, theirs, ours_params, their_params, metrics)
     assert logged_metric(ours, "async/is_weight_changed")[-1] > 0  # the stale batch's weights were truncated
@@ -259,7 +259,7 @@ def test_new_modes_train_and_equal_their_scoring_path(mode, noisy_vllm, tiny_mod
         assert any(not torch.equal(p0, p1) for p0, p1 in zip(before, runs[name][1], strict=True))
         assert all(math.isfinite(v) for v in logged_metric(trainer, "loss"))
         assert len(logged_metric(trainer, "sampling/effective_sample_size")) == 2
-    assert runs["loss"][0]._correction_source == "loss" and runs["scoring"][0]._correction_source == "scoring"
+    assert runs["loss"][0].correction.source == "loss" and runs["scoring"][0].correction.source == "scoring"
     assert_same_run(runs["loss"][0], runs["scoring"][0], runs["loss"][1], runs["scoring"][1])
     assert runs["loss"][2] == [2, 2] and runs["scoring"][2] == [4, 4]
 
@@ -314,7 +314,7 @@ def test_verl_s_bypass_mode_on_the_synchronous_vllm_path(noisy_vllm, tiny_model_
     trainer = tr.ReasoningTrainer(
         model=tiny_model_path, reward_funcs=digit_fraction, args=args, train_dataset=make_prompts()
     )
-    assert trainer._correction_source is None
+    assert trainer.correction.source is None
     inputs = generate_batch(trainer)
     assert "importance_sampling_ratio" not in inputs
     mask = inputs["completion_mask"].float()

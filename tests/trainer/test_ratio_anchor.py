@@ -38,13 +38,13 @@ def test_every_ratio_based_loss_declares_its_anchors_and_its_asynchronous_defaul
     for name in POLICY_LOSSES.names():
         anchors = ratio_anchors(name)
         assert anchors and set(anchors) <= set(RATIO_ANCHORS), name
-        default = POLICY_LOSSES.trait(name, "async_anchor")
+        default = POLICY_LOSSES.traits(name).async_anchor
         assert default in anchors, f"{name}: its asynchronous anchor {default!r} is not one of its anchors"
     assert ratio_anchors("dppo") == ("sampler",)  # DPPO's ratio and mask are the sampler's by definition
     # on an asynchronous run the clipped and gated objectives take AReaL's decoupled form (each token weighted by
     # min(pi_old / mu, C)), CISPO and DPPO their own ratio to the sampler; VESPO's weight already multiplies in
     # pi_old / mu
-    assert {name: POLICY_LOSSES.trait(name, "async_anchor") for name in POLICY_LOSSES.names()} == {
+    assert {name: POLICY_LOSSES.traits(name).async_anchor for name in POLICY_LOSSES.names()} == {
         "clip": "decoupled",
         "cispo": "sampler",
         "sapo": "decoupled",
@@ -121,16 +121,16 @@ def test_every_preset_bounds_the_sampler_when_asynchronous_and_keeps_trl_s_objec
         tiny_model_path, tmp_path / "s", preset.config_class, preset.trainer_class, async_rollouts=False, **extra
     )
     loss = asynchronous.args.policy_loss
-    assert asynchronous.args.ratio_anchor == POLICY_LOSSES.trait(loss, "async_anchor")
+    assert asynchronous.args.ratio_anchor == POLICY_LOSSES.traits(loss).async_anchor
     assert synchronous.args.ratio_anchor == ("sampler" if loss == "dppo" else "pi_old")
     if asynchronous.args.ratio_anchor == "sampler":  # CISPO, DPPO: no second correction, TRL is not asked for one
-        assert asynchronous._correction_source is None and not asynchronous._uses_trl_is_ratio()
+        assert asynchronous.correction.source is None and not asynchronous._uses_trl_is_ratio()
     else:  # the clip family: AReaL's min(pi_prox / mu, C) per token, in the loss from its own forward where exact
         assert asynchronous.args.ratio_anchor == "decoupled"
         assert asynchronous.vllm_importance_sampling_mode == "token_truncate"
         args = asynchronous.args
         one_update = args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0
-        assert asynchronous._correction_source == ("loss" if one_update else "trl")
+        assert asynchronous.correction.source == ("loss" if one_update else "trl")
 
 
 def test_an_async_default_left_to_the_trainer_is_resolved_there(tiny_model_path, tmp_path):
@@ -140,7 +140,7 @@ def test_an_async_default_left_to_the_trainer_is_resolved_there(tiny_model_path,
     assert trainer.async_rollouts is not None and trainer.args.ratio_anchor == "decoupled"
     # the decoupled anchor's truncation reaches TRL's copy of the mode and the correction's metrics
     assert trainer.vllm_importance_sampling_mode == trainer.args.vllm_importance_sampling_mode == "token_truncate"
-    assert trainer._correction_stats["train"].mode == "token_truncate"
+    assert trainer.correction.stats["train"].mode == "token_truncate"
 
 
 def test_an_asynchronous_run_without_a_trust_region_against_the_sampler_says_so_once(tiny_model_path, tmp_path):
@@ -280,7 +280,7 @@ def test_token_icepop_s_band_reaches_the_trainer_s_correction(tiny_model_path, t
         ratio_anchor="pi_old",
         vllm_importance_sampling_mode="token_icepop",
     )
-    stats = trainer._correction_stats["train"]
+    stats = trainer.correction.stats["train"]
     assert (stats.clip_min, stats.clip_max) == (0.5, 5.0)
     assert (trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max) == (0.5, 5.0)
 

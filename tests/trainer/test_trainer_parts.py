@@ -14,7 +14,7 @@ from _trl_sources import trl_names as _trl_names
 
 from trl_reasoning.async_rollouts.protocols import protocol_members
 from trl_reasoning.trainer import base as seam
-from trl_reasoning.trainer import correction, topk_forward
+from trl_reasoning.trainer import correction, topk_forward, trl_api
 from trl_reasoning.trainer.correction import CorrectionHost, ImportanceCorrection
 from trl_reasoning.trainer.topk_forward import TopKEngineHost, TopKForward, TopKForwardHost
 
@@ -25,9 +25,9 @@ PARTS = {
 }
 #: Each protocol and the guard list its members from TRL must be in.
 GUARDED = {
-    CorrectionHost: seam.TRL_INSTANCE_ATTRIBUTES,
-    TopKForwardHost: seam.TRL_INSTANCE_ATTRIBUTES,
-    TopKEngineHost: seam.TRL_VLLM_INSTANCE_ATTRIBUTES,
+    CorrectionHost: trl_api.TRL_INSTANCE_ATTRIBUTES,
+    TopKForwardHost: trl_api.TRL_INSTANCE_ATTRIBUTES,
+    TopKEngineHost: trl_api.TRL_VLLM_INSTANCE_ATTRIBUTES,
 }
 
 
@@ -112,35 +112,20 @@ def test_a_built_trainer_lacking_a_part_s_member_is_named(built_trainer):
     assert isinstance(trainer.correction, ImportanceCorrection) and trainer.correction.host is trainer
     assert isinstance(trainer.topk_forward, TopKForward) and trainer.topk_forward.host is trainer
     assert TopKForward not in type(trainer).__mro__  # composed, no longer mixed in
-    seam.check_rollout_host(trainer, CorrectionHost, TopKForwardHost)
-    with pytest.raises(seam.TRLCompatibilityError, match=r"TopKEngineHost\.vllm_generation\b"):
-        seam.check_rollout_host(trainer, TopKEngineHost)
+    trl_api.check_rollout_host(trainer, CorrectionHost, TopKForwardHost)
+    with pytest.raises(trl_api.TRLCompatibilityError, match=r"TopKEngineHost\.vllm_generation\b"):
+        trl_api.check_rollout_host(trainer, TopKEngineHost)
     for protocol in (CorrectionHost, TopKForwardHost):
         for name in protocol_members(protocol):
-            with pytest.raises(seam.TRLCompatibilityError, match=rf"{protocol.__name__}\.{name}\b"):
-                seam.check_rollout_host(_Lacking(trainer, name), protocol)
+            with pytest.raises(trl_api.TRLCompatibilityError, match=rf"{protocol.__name__}\.{name}\b"):
+                trl_api.check_rollout_host(_Lacking(trainer, name), protocol)
 
 
-def test_the_trainer_s_names_for_the_parts_state_are_the_parts(built_trainer):
-    """The names the trainer kept (``_engine_topk``, ``_lm_head_from_hidden``, ``_correction_source``, ...) read and
-    write the parts' own state, so the asynchronous rollouts, tests and benchmarks see one value."""
+def test_the_trainer_s_engine_topk_is_the_top_k_part_s(built_trainer):
+    """``_engine_topk``, a member of ``AsyncRolloutHost`` (the asynchronous rollouts append the vLLM server's top-K to
+    it), reads and writes the top-K part's own state, so the rollouts and the part see one value."""
     trainer = built_trainer
     assert trainer._engine_topk is trainer.topk_forward.engine_topk is None
-    assert trainer._lm_head_from_hidden is trainer.topk_forward.lm_head_from_hidden is True
-    assert trainer._correction_source == trainer.correction.source
-    assert trainer._correction_stats is trainer.correction.stats
-    try:
-        trainer._lm_head_from_hidden = False
-        assert trainer.topk_forward.lm_head_from_hidden is False
-    finally:
-        trainer._lm_head_from_hidden = True
-    spy = object()
-    trainer._completion_logits = spy  # a test's spy on the trainer reaches the part's own calls
-    try:
-        assert trainer.topk_forward._completion_logits is spy
-    finally:
-        del trainer._completion_logits
-    assert trainer.topk_forward._completion_logits.__func__ is TopKForward._completion_logits
 
 
 @pytest.mark.parametrize(
@@ -162,7 +147,7 @@ def test_building_a_trainer_whose_trl_lacks_a_part_s_member_names_it(lacking, na
             delattr(self, lacking)
             super()._init_seam_state()
 
-    with pytest.raises(seam.TRLCompatibilityError, match=rf"{re.escape(named)}\b.*which trl-reasoning"):
+    with pytest.raises(trl_api.TRLCompatibilityError, match=rf"{re.escape(named)}\b.*which trl-reasoning"):
         WithoutIt(
             model=tiny_model_path,
             reward_funcs=digit_fraction,

@@ -20,7 +20,7 @@ from trl_reasoning.trainer import trl_api
 
 
 def test_installed_trl_has_every_private_method_we_rely_on():
-    seam.check_trl_private_api(GRPOTrainer)
+    trl_api.check_trl_private_api(GRPOTrainer)
 
 
 def test_every_override_is_listed():
@@ -42,14 +42,14 @@ def test_every_override_is_listed():
         "_get_per_token_logps_and_entropies",
         "_prepare_inputs",
     }
-    assert overridden <= set(seam.TRL_PRIVATE_API)
+    assert overridden <= set(trl_api.TRL_PRIVATE_API)
 
 
-@pytest.mark.parametrize("name", list(seam.TRL_PRIVATE_API))
+@pytest.mark.parametrize("name", list(trl_api.TRL_PRIVATE_API))
 def test_a_removed_method_is_named(name):
-    Missing = type("Missing", (), {k: getattr(GRPOTrainer, k) for k in seam.TRL_PRIVATE_API if k != name})
-    with pytest.raises(seam.TRLCompatibilityError, match=rf"Missing\.{name} no longer exists"):
-        seam.check_trl_private_api(Missing)
+    Missing = type("Missing", (), {k: getattr(GRPOTrainer, k) for k in trl_api.TRL_PRIVATE_API if k != name})
+    with pytest.raises(trl_api.TRLCompatibilityError, match=rf"Missing\.{name} no longer exists"):
+        trl_api.check_trl_private_api(Missing)
 
 
 def test_a_changed_signature_is_named():
@@ -57,24 +57,24 @@ def test_a_changed_signature_is_named():
         def _compute_loss(self, model, batch, extra=None):  # `inputs` renamed
             return None
 
-    with pytest.raises(seam.TRLCompatibilityError, match=r"Changed\._compute_loss takes \(model, batch, extra\)"):
-        seam.check_trl_private_api(Changed)
+    with pytest.raises(trl_api.TRLCompatibilityError, match=r"Changed\._compute_loss takes \(model, batch, extra\)"):
+        trl_api.check_trl_private_api(Changed)
 
 
 def test_supported_range_matches_pyproject_and_installed_trl():
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     pin = next(d for d in pyproject["project"]["dependencies"] if re.match(r"trl\b", d))
     spec = SpecifierSet(pin[len("trl") :])
-    low, high = seam.SUPPORTED_TRL
+    low, high = trl_api.SUPPORTED_TRL
     assert spec == SpecifierSet(f">={low},<{high}")
     assert Version(trl.__version__) in spec
-    assert Version(seam.TRL_CHECKED_VERSION) in spec
+    assert Version(trl_api.TRL_CHECKED_VERSION) in spec
 
 
 def test_unsupported_trl_version_warns(monkeypatch):
     monkeypatch.setattr(trl, "__version__", "2.0.0")
     with pytest.warns(UserWarning, match=r"trl-reasoning supports trl>=1\.16\.0,<1\.17\.0, but trl 2\.0\.0"):
-        seam.warn_if_trl_unsupported()
+        trl_api.warn_if_trl_unsupported()
 
 
 def test_a_changed_trl_helper_function_is_named(monkeypatch):
@@ -84,8 +84,8 @@ def test_a_changed_trl_helper_function_is_named(monkeypatch):
         return None
 
     monkeypatch.setattr(trl_utils, "add_fused_lm_head", add_fused_lm_head)
-    with pytest.raises(seam.TRLCompatibilityError, match=r"trl\.trainer\.utils\.add_fused_lm_head takes"):
-        seam.check_trl_private_api(GRPOTrainer)
+    with pytest.raises(trl_api.TRLCompatibilityError, match=r"trl\.trainer\.utils\.add_fused_lm_head takes"):
+        trl_api.check_trl_private_api(GRPOTrainer)
 
 
 def test_a_removed_transformers_generation_method_is_named(monkeypatch):
@@ -94,8 +94,10 @@ def test_a_removed_transformers_generation_method_is_named(monkeypatch):
     from transformers.generation.utils import GenerationMixin
 
     monkeypatch.delattr(GenerationMixin, "_get_logits_processor")
-    with pytest.raises(seam.TRLCompatibilityError, match=r"GenerationMixin\._get_logits_processor no longer exists"):
-        seam.check_trl_private_api(GRPOTrainer)
+    with pytest.raises(
+        trl_api.TRLCompatibilityError, match=r"GenerationMixin\._get_logits_processor no longer exists"
+    ):
+        trl_api.check_trl_private_api(GRPOTrainer)
 
 
 def test_the_fused_head_outputs_are_trls():
@@ -103,9 +105,9 @@ def test_the_fused_head_outputs_are_trls():
     import inspect
 
     source = inspect.getsource(GRPOTrainer.__init__)
-    assert f"outputs={seam.TRL_FUSED_LM_HEAD_OUTPUTS!r}" in source.replace('"', "'"), (
+    assert f"outputs={trl_api.TRL_FUSED_LM_HEAD_OUTPUTS!r}" in source.replace('"', "'"), (
         "GRPOTrainer.__init__ no longer asks its fused LM head for "
-        f"{seam.TRL_FUSED_LM_HEAD_OUTPUTS}: update TRL_FUSED_LM_HEAD_OUTPUTS"
+        f"{trl_api.TRL_FUSED_LM_HEAD_OUTPUTS}: update TRL_FUSED_LM_HEAD_OUTPUTS"
     )
 
 
@@ -239,10 +241,10 @@ def _host_protocols():
     from trl_reasoning.trainer.rollout import RolloutHost
 
     return {
-        RolloutHost: seam.TRL_INSTANCE_ATTRIBUTES,
-        protocols.AsyncRolloutHost: seam.TRL_INSTANCE_ATTRIBUTES,
-        protocols.VLLMBackendHost: seam.TRL_VLLM_INSTANCE_ATTRIBUTES,
-        protocols.GenerateBackendHost: seam.TRL_GENERATE_INSTANCE_ATTRIBUTES,
+        RolloutHost: trl_api.TRL_INSTANCE_ATTRIBUTES,
+        protocols.AsyncRolloutHost: trl_api.TRL_INSTANCE_ATTRIBUTES,
+        protocols.VLLMBackendHost: trl_api.TRL_VLLM_INSTANCE_ATTRIBUTES,
+        protocols.GenerateBackendHost: trl_api.TRL_GENERATE_INSTANCE_ATTRIBUTES,
     }
 
 
@@ -317,9 +319,9 @@ def test_every_trl_attribute_the_package_reads_or_writes_is_guarded():
         for name in re.findall(rf"\b(?:{receivers})\.(\w+)", text):
             touched.setdefault(name, set()).add(relative)
     guarded = set(
-        seam.TRL_INSTANCE_ATTRIBUTES
-        + seam.TRL_VLLM_INSTANCE_ATTRIBUTES
-        + seam.TRL_GENERATE_INSTANCE_ATTRIBUTES
+        trl_api.TRL_INSTANCE_ATTRIBUTES
+        + trl_api.TRL_VLLM_INSTANCE_ATTRIBUTES
+        + trl_api.TRL_GENERATE_INSTANCE_ATTRIBUTES
         + trl_api.TRL_ENVIRONMENT_ATTRIBUTES
         + (trl_api.TRL_BATCH_ENVIRONMENTS,)
     )
@@ -331,7 +333,7 @@ def test_every_trl_attribute_the_package_reads_or_writes_is_guarded():
 def test_trls_init_still_sets_every_guarded_attribute():
     import inspect
 
-    assert seam.trl_attribute_problems(inspect.getsource(GRPOTrainer.__init__)) == []
+    assert trl_api.trl_attribute_problems(inspect.getsource(GRPOTrainer.__init__)) == []
 
 
 @pytest.mark.parametrize("name", _trl_protocol_members())
@@ -340,7 +342,7 @@ def test_a_protocol_attribute_that_trl_no_longer_sets_is_named(name):
     import inspect
 
     source = re.sub(rf"\bself\.{re.escape(name)}\b", f"self.{name}_renamed", inspect.getsource(GRPOTrainer.__init__))
-    assert f"GRPOTrainer.__init__ no longer sets self.{name}" in seam.trl_attribute_problems(source)
+    assert f"GRPOTrainer.__init__ no longer sets self.{name}" in trl_api.trl_attribute_problems(source)
 
 
 def test_a_built_trainer_without_a_protocol_attribute_is_named(tiny_model_path, tmp_path):
@@ -360,14 +362,14 @@ def test_a_built_trainer_without_a_protocol_attribute_is_named(tiny_model_path, 
     )
     checked = (RolloutHost, protocols.AsyncRolloutHost, protocols.GenerateBackendHost)
     assert all(isinstance(trainer, protocol) for protocol in checked)
-    seam.check_rollout_host(trainer, *checked)
-    names = [name for name in _trl_protocol_members() if name not in seam.TRL_VLLM_INSTANCE_ATTRIBUTES]
+    trl_api.check_rollout_host(trainer, *checked)
+    names = [name for name in _trl_protocol_members() if name not in trl_api.TRL_VLLM_INSTANCE_ATTRIBUTES]
     assert "eos_token_ids" in names and "generation_config" in names
     for name in names:
         value = vars(trainer).pop(name)
         try:
-            with pytest.raises(seam.TRLCompatibilityError, match=rf"\.{name}\b"):
-                seam.check_rollout_host(trainer, *checked)
+            with pytest.raises(trl_api.TRLCompatibilityError, match=rf"\.{name}\b"):
+                trl_api.check_rollout_host(trainer, *checked)
         finally:
             setattr(trainer, name, value)
 
@@ -381,5 +383,5 @@ def test_a_trl_that_no_longer_builds_the_tool_tables_is_named(monkeypatch):
         return original(self, inputs)
 
     monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", without_tables)
-    with pytest.raises(seam.TRLCompatibilityError, match=r"no longer sets self\._sync_tool_dicts"):
-        seam.check_trl_private_api(GRPOTrainer)
+    with pytest.raises(trl_api.TRLCompatibilityError, match=r"no longer sets self\._sync_tool_dicts"):
+        trl_api.check_trl_private_api(GRPOTrainer)

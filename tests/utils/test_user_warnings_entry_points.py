@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from trl_reasoning.algorithms.group_selection import EpochRepeatSampler, RetiredPrompts
+from trl_reasoning.algorithms.prompt_sampling import EpochRepeatSampler, RetiredPrompts
 from trl_reasoning.utils.user_warnings import _OWN_DIR, user_stacklevel
 
 

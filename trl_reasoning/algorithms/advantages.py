@@ -135,7 +135,10 @@ _MAXRL_FIELDS = (
     VariantField(
         "maxrl_reward_threshold",
         None,
-        "MaxRL: rewards >= this threshold count as successes. None = rewards must be 0/1.",
+        (
+            "MaxRL needs binary rewards. With a threshold, a reward `≥` threshold counts as a success (1), otherwise a "
+            "failure (0). Without one, non-binary rewards raise an error naming the reward function."
+        ),
         parameter="reward_threshold",
         check=at_least(0, optional=True, note="or None"),
     ),
@@ -365,7 +368,7 @@ def zero_advantages(
 ) -> torch.Tensor:
     """Advantages of ``0`` in the estimator's shape: ``(N, T)`` like ``completion_mask`` for a ``token_level`` one
     (when the mask is given), ``(N,)`` otherwise."""
-    if ADVANTAGE_ESTIMATORS.trait(estimator, "token_level", False) and completion_mask is not None:
+    if ADVANTAGE_ESTIMATORS.traits(estimator).token_level and completion_mask is not None:
         return torch.zeros(completion_mask.shape, dtype=rewards.dtype, device=rewards.device)
     return torch.zeros_like(rewards)
 

@@ -1,7 +1,6 @@
 """Which groups train: DAPO's dynamic sampling and ScaleRL's zero-variance filtering, and the pass rates of
 ScaleRL's no-positive-resampling, as pure functions and registered strategies (no TRL import). Which prompts get
-sampled (the samplers and the state a checkpoint keeps) is :mod:`trl_reasoning.algorithms.prompt_sampling`; its
-public names are re-exported here.
+sampled (the samplers and the state a checkpoint keeps) is :mod:`trl_reasoning.algorithms.prompt_sampling`.
 
 A *group* is the ``num_generations`` completions of one prompt, stored as consecutive rows. Rewards are the combined
 task rewards before shaping (``NaN`` = unscorable), so a group is judged on what the verifier said, not on length
@@ -21,16 +20,6 @@ from typing import Any
 import torch
 
 from .advantages import grouped_rewards
-from .prompt_sampling import (  # noqa: F401 - re-exported: the trainer and the tests import them from here
-    SAMPLING_STATE_FORMAT,
-    EpochRepeatSampler,
-    PromptState,
-    PromptStream,
-    RetiredPrompts,
-    StreamedPrompts,
-    eligible_indices,
-    prompt_key,
-)
 from .registry import Registry, VariantField, one_of
 
 
@@ -192,14 +181,19 @@ _DYNAMIC_SAMPLING_FIELDS = (
     VariantField(
         "max_num_gen_batches",
         10,
-        "Dynamic sampling: the most generation rounds per batch (the first one included).",
+        "The most generation rounds (the dataloader's batch included) dynamic sampling runs for one batch.",
         check=_check_round_limit,
     ),
     VariantField(
         "extra_round_size",
         "keep_rate",
-        "Dynamic sampling: size extra rounds from the measured keep rate ('keep_rate') or generate a full batch each "
-        "round as verl does ('full').",
+        (
+            'How many prompts an extra dynamic-sampling round generates: `"keep_rate"` sizes it from the share of '
+            "informative groups measured so far in the step (`ceil(missing / keep rate)` groups, whole rows on every "
+            'process, at most a full batch; `algorithms.group_selection.extra_round_groups`); `"full"` generates a '
+            "full generation batch every round, as verl's DAPO does. Which groups train follows the same rule either "
+            "way."
+        ),
         check=one_of(EXTRA_ROUND_SIZES),
     ),
 )

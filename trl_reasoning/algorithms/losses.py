@@ -508,27 +508,31 @@ _DPPO_FIELDS = (
     VariantField(
         "dppo_divergence",
         "binary_tv",
-        f"DPPO divergence: one of {', '.join(DPPO_DEFAULT_THRESHOLDS)}.",
+        f"The divergence of DPPO's trust-region mask, one of {', '.join(DPPO_DEFAULT_THRESHOLDS)}: binary (the sampled "
+        "token against the rest) or top-K (the rollout's top-`dppo_topk` tokens and a rest bucket, kept at generation).",
         parameter="divergence",
         check=one_of(DPPO_DEFAULT_THRESHOLDS),
     ),
     VariantField(
         "dppo_topk",
         20,
-        "DPPO: K of the 'topk_tv' / 'topk_kl' divergences (the rollout's top-K tokens + rest).",
+        'DPPO: K of the `"topk_*"` divergences.',
         check=at_least(1, integer=True),
     ),
     VariantField(
         "dppo_threshold",
         None,
-        "DPPO trust-region threshold; None = paper default (0.15 for TV, 0.05 for KL).",
+        "The mask's threshold δ; `None` takes the paper's default for the divergence (0.15 TV, 0.05 KL).",
         parameter="threshold",
         check=at_least(0, optional=True, note="or None for the paper default"),
     ),
     VariantField(
         "dppo_is_cap",
         None,
-        "Optional cap C on DPPO's importance ratio pi / mu_rollout. None = no cap (the authors' runs).",
+        (
+            "Optional cap `C` on DPPO's importance ratio `π / μ_rollout` (`w = min(π / μ_rollout, C)`). `None`, the "
+            'authors\' setting, applies no cap (their verl script sets `clip_ratio_c=10000` "for a fair comparison").'
+        ),
         parameter="is_cap",
         check=at_least(
             1,
@@ -661,7 +665,7 @@ def gspo_loss(
 
 def base_objective(name: str) -> str:
     """The objective ``name`` is a form of: ``"clip"`` for ``"gspo"`` (its sequence-ratio form), else ``name``."""
-    return POLICY_LOSSES.trait(name, "sequence_ratio_of") or name
+    return POLICY_LOSSES.traits(name).sequence_ratio_of or name
 
 
 def sequence_ratio_form(name: str) -> str:
@@ -673,18 +677,18 @@ def sequence_ratio_form(name: str) -> str:
 def ratio_anchors(name: str) -> tuple[str, ...]:
     """The anchors the policy loss ``name`` can take its ratio against (``trl_reasoning.algorithms.anchors``); a loss
     registered without the trait takes ``pi_old`` only."""
-    return tuple(POLICY_LOSSES.trait(name, "anchors") or ("pi_old",))
+    return tuple(POLICY_LOSSES.traits(name).anchors or ("pi_old",))
 
 
 def async_anchor(name: str) -> str | None:
     """The anchor the policy loss ``name`` takes on an asynchronous run when ``ratio_anchor`` is ``None``."""
-    return POLICY_LOSSES.trait(name, "async_anchor")
+    return POLICY_LOSSES.traits(name).async_anchor
 
 
 def required_inputs(name: str, **loss_kwargs: Any) -> frozenset[str]:
     """What the policy loss ``name``, configured with ``loss_kwargs`` (e.g. ``divergence``), needs stored at
     generation time beyond TRL's batch: ``{"rollout_topk_logps"}`` for DPPO's top-K divergences, else nothing."""
-    declared = POLICY_LOSSES.trait(name, "required_inputs")
+    declared = POLICY_LOSSES.traits(name).required_inputs
     return frozenset() if declared is None else frozenset(declared(**loss_kwargs))
 
 

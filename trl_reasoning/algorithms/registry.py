@@ -8,7 +8,7 @@ its registration, and the config and the trainer ask the registry instead of com
   value), which the trainer hands to the function (``config_kwargs``) and ``ReasoningConfig`` validates;
 - the checks it makes on the whole config when it is chosen (``checks``: callables that raise a ``ValueError``
   naming the field, or warn);
-- its traits (``trait``): what else it needs or changes (its ratio is the sequence's, it takes its ratio to the
+- its traits (``traits(name)``, read as attributes): what else it needs or changes (its ratio is the sequence's, it takes its ratio to the
   sampler, its weights come from the micro-batch, it needs binary rewards, ...). Each registry takes the traits of
   one frozen dataclass (``LossTraits`` in losses.py, ``EstimatorTraits`` in advantages.py, ...), whose fields say
   what each trait means; a trait that is not one of its fields raises a ``TypeError`` at registration.
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
+import textwrap
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -53,6 +55,25 @@ class VariantField:
     parameter: str | None = None
     check: FieldCheck | None = None
     defined_by_trl: bool = False
+
+
+def with_variant_field_entries(doc: str, fields: Mapping[str, VariantField], annotations: Mapping[str, str]) -> str:
+    """``doc`` with each ``{variant field NAME}`` line replaced by that field's entry, written from its declaration
+    in the registry (help and default) and its annotation: a variant field's meaning is written once, where the
+    variant declares it (``VariantField.help``, also its ``--help`` text)."""
+
+    def entry(match: re.Match[str]) -> str:
+        name = match.group(1)
+        declared = fields[name]
+        kind = " or ".join(f"`{part.strip()}`" for part in annotations[name].split("|"))
+        default = f'"{declared.default}"' if isinstance(declared.default, str) else str(declared.default)
+        indent = " " * 12
+        text = textwrap.fill(
+            declared.help, 120, initial_indent=indent, subsequent_indent=indent, break_long_words=False
+        )
+        return f"        {name} ({kind}, *optional*, defaults to `{default}`):\n{text}"
+
+    return re.sub(r"^ {8}\{variant field (\w+)\}$", entry, doc, flags=re.MULTILINE)
 
 
 def one_of(values: Iterable[str]) -> FieldCheck:
@@ -157,16 +178,9 @@ class Registry(Generic[F]):
                 f"The traits of a {self.kind} ({self.traits_class.__name__}): {', '.join(known) or 'none'}."
             )
 
-    def trait(self, name: str, key: str, default: Any = None) -> Any:
-        """The trait ``key`` that ``name`` was registered with (``default`` when it is ``None``, i.e. unset); a ``key``
-        that is not a trait of this registry raises a ``TypeError``."""
-        self.get(name)  # an unknown name raises with the allowed values
-        self._check_trait_names(f"{self.kind} {name!r}", (key,))
-        value = getattr(self._traits[name], key)
-        return default if value is None else value
-
     def traits(self, name: str) -> Any:
-        """The traits ``name`` was registered with (an instance of the registry's frozen traits dataclass)."""
+        """The traits ``name`` was registered with (an instance of the registry's frozen traits dataclass), read as
+        attributes (``ADVANTAGE_ESTIMATORS.traits(name).kl_in_return``): an unset trait is the dataclass's default."""
         self.get(name)
         return self._traits[name]
 

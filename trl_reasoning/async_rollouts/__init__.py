@@ -3,7 +3,8 @@ policy's weights, and the generators it drives (in-process, a separate process, 
 Imports the algorithms and utilities, never the trainer: what it needs from the trainer, what a generator is and how
 weights travel to it are named in ``protocols`` (``AsyncRolloutHost``, ``Generator``, ``WeightTransport``).
 
-``trl_reasoning.async_rollouts`` was one module in 0.1; its names are still importable from here.
+The package exports the facade (``AsyncRollouts``, ``async_rollouts_for``), the ahead pipeline (``AheadPipeline``,
+``job_seed``), the behaviour weights and the protocols with the types they pass.
 
 The generators are registered by name (``generators.GENERATORS``) when their modules are imported, which happens here,
 on the package's import: a new generator module is added to the line below.

@@ -4,9 +4,10 @@ Three seams, each a ``typing.Protocol`` (or a small value type) that the code on
 
 - **The host** (:class:`AsyncRolloutHost`, with :class:`VLLMBackendHost` when ``use_vllm`` and
   :class:`GenerateBackendHost` without it): every method and attribute ``trl_reasoning.async_rollouts`` (the
-  ``AsyncRollouts`` facade, its checks and its generators) reads from or writes to the trainer. The trainer's own methods it lends (``trl_generate``, ``behaviour_logps``,
-  ``tokenize_prompts``), ``transformers.Trainer``'s state, and ``GRPOTrainer``'s: the members that come from TRL are
-  in the trainer's TRL-API guard (``trl_reasoning.trainer.base``), which fails by name when a TRL release drops one.
+  ``AsyncRollouts`` facade, its checks and its generators) reads from or writes to the trainer. The trainer's own
+  methods it lends (``trl_generate``, ``behaviour_logps``, ``tokenize_prompts``), ``transformers.Trainer``'s state,
+  and ``GRPOTrainer``'s: the members that come from TRL are in the trainer's TRL-API guard
+  (``trl_reasoning.trainer.trl_api``), which fails by name when a TRL release drops one.
 - **The generator** (:class:`Generator`): what samples a :class:`GenerationJob` ahead of the trainer, in the training
   process (``InProcessGenerator``), a worker process (``GeneratorProcess``) or TRL's vLLM server
   (``ServerGenerator``). The pipeline holds one through this type only.

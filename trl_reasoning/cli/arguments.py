@@ -14,9 +14,10 @@ from typing import Any
 
 from trl import ScriptArguments
 
+from ..config import ReasoningConfig
 from ..presets import PRESETS
 from ..tasks import TASKS
-from ..trainer.base import ReasoningConfig, ReasoningTrainer
+from ..trainer.base import ReasoningTrainer
 
 #: Algorithm subcommand -> (config class, trainer class): every preset, then the base trainer.
 TRAINERS: dict[str, tuple[type, type]] = {
@@ -319,35 +320,15 @@ def parse(command: str, argv: Sequence[str]) -> tuple:
     return parsed
 
 
-#: Recipes of 0.1 (one copy per preset) and where what they held lives now: the preset is the subcommand.
-_MOVED_RECIPES = {
-    re.compile(r"(?:^|.*/)recipes/(\w+)/qwen2\.5-1\.5b-gsm8k(-lora|-qlora|-vllm)?\.yaml$"): (
-        lambda m: f"trl-reasoning {m.group(1)} --config recipes/gsm8k/qwen2.5-1.5b{m.group(2) or ''}.yaml"
-    ),
-    re.compile(r"(?:^|.*/)recipes/dapo/smollm2-135m-arithmetic-cpu\.yaml$"): (
-        lambda m: "trl-reasoning dapo --config recipes/arithmetic/smollm2-135m-cpu.yaml"
-    ),
-    re.compile(r"(?:^|.*/)recipes/dapo/tiny-reverse-cpu\.yaml$"): (
-        lambda m: "trl-reasoning dapo --config recipes/reverse/tiny-cpu.yaml"
-    ),
-}
-
-
 def _check_recipe_path(argv: Sequence[str]) -> None:
-    """A `--config` file that does not exist is named (with the new place of a recipe 0.1 shipped per preset)."""
+    """A `--config` file that does not exist is named, with where the shipped recipes are listed."""
     path = _prescan_flag(argv, "config")
     if not isinstance(path, str) or os.path.isfile(path):
         return
-    message = f"--config {path}: no such recipe file."
-    for pattern, replacement in _MOVED_RECIPES.items():
-        if match := pattern.match(path.replace(os.sep, "/")):
-            message += (
-                f" The recipes are one per task and model now, the preset is the subcommand: {replacement(match)}"
-            )
-            break
-    else:
-        message += " `trl-reasoning recipes` lists the shipped ones (`--copy DIR` copies them)."
-    raise SystemExit(f"trl-reasoning: {message}")
+    raise SystemExit(
+        f"trl-reasoning: --config {path}: no such recipe file. `trl-reasoning recipes` lists the shipped ones "
+        "(`--copy DIR` copies them)."
+    )
 
 
 #: Written in a recipe's `output_dir`, becomes the algorithm subcommand's name, so one recipe serves every preset

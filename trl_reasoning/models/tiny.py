@@ -14,7 +14,6 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from ..utils.checkpointing import CHECKPOINTING_FIELD
-from .loading import has_generic_tokenizer, load_tokenizer  # noqa: F401  (moved; kept importable from here)
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
 CHAT_TEMPLATE = (

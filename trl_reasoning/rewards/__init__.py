@@ -1,7 +1,7 @@
 """Floor 1, rewards: wrapping user reward functions (errors named, NaN/None reported, timeouts bounded), the overlong
 penalty, and math-answer extraction for GSM8K-style tasks. No tensors beyond a reward column, no trainer.
 
-``trl_reasoning.rewards`` was one module in 0.1; its public names are still importable from here.
+The package exports the public names of ``wrapping`` (the reward wrapper, its errors and the overlong penalty).
 """
 
 from .wrapping import (

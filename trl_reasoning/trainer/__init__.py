@@ -1,17 +1,17 @@
 """Floor 4, the trainer: ``ReasoningTrainer`` (the only place that touches TRL's private methods, listed in
-``base.TRL_PRIVATE_API`` and checked against the installed TRL), the rollout side (generation rounds, scoring,
+``trl_api.TRL_PRIVATE_API`` and checked against the installed TRL), the rollout side (generation rounds, scoring,
 group selection), DPPO's top-K forward, checkpoint files, the non-finite-step guard and prompt-length checks.
 
-``trl_reasoning.trainer`` was one module in 0.1; its names are still importable from here.
+The package exports the trainer and its config and the public names of the TRL-API guard (``trl_api.py``).
 """
 
-from .base import (
+from ..config import ReasoningConfig
+from .base import ReasoningTrainer
+from .trl_api import (
     SUPPORTED_TRL,
     TRL_CHECKED_VERSION,
     TRL_INSTANCE_ATTRIBUTES,
     TRL_PRIVATE_API,
-    ReasoningConfig,
-    ReasoningTrainer,
     TRLCompatibilityError,
     check_trl_private_api,
     warn_if_trl_unsupported,

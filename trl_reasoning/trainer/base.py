@@ -1,5 +1,5 @@
-"""The seam between trl-reasoning's math and TRL: ``ReasoningTrainer`` (``ReasoningConfig`` lives in ``config.py`` and
-is re-exported here).
+"""The seam between trl-reasoning's math and TRL: ``ReasoningTrainer`` (its ``ReasoningConfig`` lives in
+``config.py``).
 
 Two parts answer "where does a batch come from": ``rollout.Rollout`` (generation rounds, rewards and shaping, group
 selection, retirement) and, with ``async_rollouts``, ``async_rollouts.pipeline.AsyncRollouts`` (the behaviour weights and the
@@ -13,7 +13,7 @@ forward and its chunked LM head). What each part may read from or write to the t
 ``TopKEngineHost`` under vLLM), checked by name when a trainer is built (:func:`check_rollout_host`).
 
 This is the only module that overrides TRL's private methods (the overrides delegate to the parts). All of them are
-listed in ``TRL_PRIVATE_API`` (``trl_api.py``, the TRL-API guard, whose names are importable from here too) with the
+listed in ``TRL_PRIVATE_API`` of ``trl_api.py`` (the TRL-API guard, where every name of this paragraph lives) with the
 parameter names checked against ``TRL_CHECKED_VERSION``; ``check_trl_private_api`` (run when a trainer is built and
 by a test) fails loudly, naming the method, when an installed TRL no longer matches. Every ``GRPOTrainer`` attribute
 the package reads or writes is in ``TRL_INSTANCE_ATTRIBUTES`` (or, set by TRL for one generation backend only,
@@ -53,7 +53,6 @@ from trl.trainer.utils import add_fused_lm_head
 from ..algorithms.advantages import ADVANTAGE_ESTIMATORS
 from ..algorithms.aggregation import AGGREGATIONS, aggregate_loss, completion_weights
 from ..algorithms.batch import TrainBatch
-from ..algorithms.group_selection import RetiredPrompts
 from ..algorithms.importance_sampling import ICEPOP_MODE
 from ..algorithms.losses import POLICY_LOSSES, compute_policy_loss
 from ..algorithms.sampling_processors import model_generation_defaults, overridden_settings, unreproduced_settings
@@ -84,28 +83,13 @@ from .topk_forward import (
     model_inputs,
     uses_topk_divergence,
 )
-
-# The TRL-API guard's names, importable from here as before it was its own module (trainer/trl_api.py).
-from .trl_api import (  # noqa: F401
-    SUPPORTED_TRL,
-    TRANSFORMERS_PRIVATE_API,
+from .trl_api import (
     TRL_CHECKED_VERSION,
     TRL_FUSED_LM_HEAD_OUTPUTS,
-    TRL_GENERATE_INSTANCE_ATTRIBUTES,
-    TRL_HELPER_FUNCTIONS,
-    TRL_INSTANCE_ATTRIBUTES,
-    TRL_PRIVATE_API,
-    TRL_VLLM_CLIENT_GENERATE,
-    TRL_VLLM_GENERATION,
-    TRL_VLLM_GENERATION_ATTRIBUTES,
-    TRL_VLLM_INSTANCE_ATTRIBUTES,
     TRLCompatibilityError,
-    _signature_problems,
     check_rollout_host,
     check_trl_private_api,
-    trl_attribute_problems,
     trl_instance_attributes,
-    warn_if_trl_unsupported,
 )
 
 logger = logging.getLogger(__name__)
@@ -162,16 +146,9 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
     _tag_names = ["trl", "trl-reasoning"]
     _name = "trl-reasoning"
 
-    # The parts' state and helpers, reachable on the trainer as before they were parts (the asynchronous rollouts'
-    # ``_engine_topk``, tests' spies, benchmarks' switches): read, written and deleted on the part.
+    # DPPO's engine top-K, a member of ``AsyncRolloutHost`` (the asynchronous rollouts append the vLLM server's):
+    # read, written and deleted on the top-K part.
     _engine_topk = _PartAttribute("topk_forward", "engine_topk")
-    _lm_head_from_hidden = _PartAttribute("topk_forward", "lm_head_from_hidden")
-    _final_hidden_states = _PartAttribute("topk_forward")
-    _completion_logits = _PartAttribute("topk_forward")
-    _sharded_lm_head = _PartAttribute("topk_forward")
-    _engine_rollout_topk = _PartAttribute("topk_forward")
-    _correction_source = _PartAttribute("correction", "source")
-    _correction_stats = _PartAttribute("correction", "stats")
 
     def __init__(self, model, reward_funcs=None, args: ReasoningConfig | None = None, *more, **kwargs):
         check_trl_private_api()
@@ -309,10 +286,6 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         advantages, the groups that train, this process's loss weights and the generation rounds behind it."""
         return self.rollout.last_batch
 
-    @property
-    def _retired_prompts(self) -> RetiredPrompts:
-        return self.rollout.prompt_state.retired
-
     def _checked_args(self, model, args: ReasoningConfig | None) -> ReasoningConfig:
         """``args``, or the preset's defaults when ``None`` (as ``GRPOTrainer`` does); a config of another class is
         refused, since it would silently train another algorithm."""
@@ -409,10 +382,6 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         if self.correction.source == "trl" and "importance_sampling_ratio" in output:
             self.correction.log_trl_correction(output)
         return output, rewards_per_func, lengths
-
-    def _correction_weight(self, old_logps, sampler_logps, mask) -> torch.Tensor:
-        """The importance-sampling correction's weight (``ImportanceCorrection.weight``)."""
-        return self.correction.weight(old_logps, sampler_logps, mask)
 
     # ------------------------------------------------------------------ TRL private override 7 of 10
     def _generate(self, prompts):
@@ -714,7 +683,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         divided by the accumulation steps, as TRL does."""
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
         aggregation = self.args.loss_aggregation
-        if AGGREGATIONS.trait(aggregation, "per_micro_batch", False):
+        if AGGREGATIONS.traits(aggregation).per_micro_batch:
             weights = completion_weights(
                 mask.sum(dim=1), aggregation, self.num_generations, self.args.max_completion_length
             )
@@ -752,11 +721,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         # the spread of pi_theta / mu, the ratio CISPO and DPPO weight by (TRL's sampling/* metrics are not made)
         self.correction.sampler_ratio_stats(per_token_logps, sampler, stats)
         # beta's KL is in the reward (RLOO) or in each token's return (REINFORCE++'s estimators): not in the loss too
-        if (
-            self.beta == 0.0
-            or args.kl_in_reward
-            or ADVANTAGE_ESTIMATORS.trait(args.advantage_estimator, "kl_in_return")
-        ):
+        if self.beta == 0.0 or args.kl_in_reward or ADVANTAGE_ESTIMATORS.traits(args.advantage_estimator).kl_in_return:
             return per_token_loss, None, stats
         per_token_kl = k3_kl(
             inputs["ref_per_token_logps"],
@@ -815,7 +780,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         if (
             "importance_sampling_ratio" in inputs  # TRL's correction is on and the batch was sampled by vLLM or late
             and self._uses_trl_is_ratio()
-            and not POLICY_LOSSES.trait(self.args.policy_loss, "own_is_correction", False)  # VESPO: in its weight
+            and not POLICY_LOSSES.traits(self.args.policy_loss).own_is_correction  # VESPO: in its weight
         ):
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
         return per_token_loss

@@ -23,9 +23,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-# The version of the sampling state's layout lives beside its writer (PromptState.state_dict); kept importable here.
-from ..algorithms.prompt_sampling import SAMPLING_STATE_FORMAT  # noqa: F401
-
 #: The file, in every checkpoint folder, that holds the sampling state.
 SAMPLING_STATE_FILE = "trl_reasoning_sampling_state.json"
 #: The keys every sampling-state file has.

@@ -74,8 +74,7 @@ def uses_trl_is_ratio(args: Any) -> bool:
     """Whether the loss uses TRL's vLLM importance-sampling ratio: not when its own ratio is taken against the
     rollout engine or the sampler (DPPO; ``ratio_anchor="sampler"``: the mismatch would count twice)."""
     return not (
-        POLICY_LOSSES.trait(args.policy_loss, "ratio_to_rollout", False)
-        or getattr(args, "ratio_anchor", None) == "sampler"
+        POLICY_LOSSES.traits(args.policy_loss).ratio_to_rollout or getattr(args, "ratio_anchor", None) == "sampler"
     )
 
 
@@ -134,7 +133,7 @@ class ImportanceCorrection:
                 UserWarning,
                 stacklevel=user_stacklevel(),
             )
-        if asynchronous and args.ratio_anchor == "pi_old" and not POLICY_LOSSES.trait(loss, "own_is_correction"):
+        if asynchronous and args.ratio_anchor == "pi_old" and not POLICY_LOSSES.traits(loss).own_is_correction:
             steps = args.steps_per_generation * host.num_iterations
             where = (
                 "the learner itself (one optimizer step per generation batch), so its ratio is 1 and it never acts"

@@ -197,7 +197,7 @@ class PaddingFree:
         each optimizer step (:func:`token_balanced_micro_batches`) where the run packs and its aggregation is fixed on
         the whole batch (not TRL's per-micro-batch ``bnpo``, whose gradient depends on the split); else unchanged."""
         args = self.host.args
-        if not self.enabled or AGGREGATIONS.trait(args.loss_aggregation, "per_micro_batch", False):
+        if not self.enabled or AGGREGATIONS.traits(args.loss_aggregation).per_micro_batch:
             return micro_batches
         return token_balanced_micro_batches(micro_batches, args.gradient_accumulation_steps)
 

@@ -44,16 +44,15 @@ from ..algorithms.batch import (
 from ..algorithms.group_selection import (
     GROUP_SELECTIONS,
     GroupPlan,
-    PromptState,
     SampledRound,
     extra_round_groups,
     group_pass_rates,
     informative_groups,
     is_correctness_reward,
-    prompt_key,
     resolve_group_selection,
     sample_groups,
 )
+from ..algorithms.prompt_sampling import PromptState, prompt_key
 from ..algorithms.shaping import (
     check_binary_rewards,
     clip_rewards,
@@ -71,7 +70,7 @@ from .prompt_sampling_callback import PromptSamplingCallback
 @runtime_checkable
 class RolloutHost(Protocol):
     """What :class:`Rollout` reads from (and, where marked, writes to) its trainer. Members from
-    ``GRPOTrainer.__init__`` are in the TRL-API guard (``trl_reasoning.trainer.base.TRL_INSTANCE_ATTRIBUTES``)."""
+    ``GRPOTrainer.__init__`` are in the TRL-API guard (``trl_reasoning.trainer.trl_api.TRL_INSTANCE_ATTRIBUTES``)."""
 
     # lent by trl-reasoning's trainer
     def trl_round(self, inputs: list[dict]) -> tuple[dict, torch.Tensor, torch.Tensor]: ...
@@ -310,7 +309,7 @@ class Rollout:
         TRL's reference (``token_kl``, logged as ``kl``), padded to the longest completion of all processes; and
         ``beta``. Empty for the other estimators."""
         host = self.host
-        if not ADVANTAGE_ESTIMATORS.trait(host.args.advantage_estimator, "token_level", False):
+        if not ADVANTAGE_ESTIMATORS.traits(host.args.advantage_estimator).token_level:
             return {}
         accelerator = host.accelerator
 
@@ -319,7 +318,7 @@ class Rollout:
 
         mask = gathered(loss_mask.float())
         inputs: dict[str, Any] = {"completion_mask": mask, "beta": host.beta}
-        if host.beta != 0.0 and ADVANTAGE_ESTIMATORS.trait(host.args.advantage_estimator, "kl_in_return", False):
+        if host.beta != 0.0 and ADVANTAGE_ESTIMATORS.traits(host.args.advantage_estimator).kl_in_return:
             kl = token_kl(self.old_logps(output), output["ref_per_token_logps"], loss_mask)
             inputs["token_kl"] = gathered(kl.float())
             host._metrics[mode]["kl"].append(((inputs["token_kl"] * mask).sum() / mask.sum().clamp(min=1)).item())
@@ -367,14 +366,14 @@ class Rollout:
         estimator = args.advantage_estimator
         # an estimator that needs 0/1 rewards, unless its own reward_threshold field binarizes them
         binarized = ADVANTAGE_ESTIMATORS.config_kwargs(estimator, args).get("reward_threshold") is not None
-        if ADVANTAGE_ESTIMATORS.trait(estimator, "binary_rewards") and not binarized:
+        if ADVANTAGE_ESTIMATORS.traits(estimator).binary_rewards and not binarized:
             check_binary_rewards(rewards_per_func, combined, host.reward_func_names, host.reward_weights, estimator)
         if args.overlong_cache_length is not None:
             penalty = overlong_penalty(lengths, args.max_completion_length, args.overlong_cache_length)
             rewards = rewards + penalty.to(rewards.dtype)
             metrics["overlong/penalty_mean"].append(penalty.mean().item())
             metrics["overlong/frac_penalized"].append((penalty < 0).float().mean().item())
-        if host.beta != 0.0 and ADVANTAGE_ESTIMATORS.trait(estimator, "kl_in_return", False):
+        if host.beta != 0.0 and ADVANTAGE_ESTIMATORS.traits(estimator).kl_in_return:
             self.old_logps(output)  # pi_old of the per-token KL, computed now so that it travels with every row
         if args.kl_in_reward and host.beta != 0.0:
             old, counted = self.old_logps(output), loss_tokens(output)  # the model's own tokens: no tool output
