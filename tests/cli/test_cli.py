@@ -82,7 +82,9 @@ def test_help_lists_exactly_the_registered_tasks(command, capsys):
         cli.run([command, "--help"])
     out = " ".join(capsys.readouterr().out.split())
     task_help = re.search(r"--task TASK (.*?) \(default: None\)", out).group(1)
-    assert re.findall(r"'(\w+)'", task_help) == list(TASKS.names()) == ["arithmetic", "gsm8k", "reverse"]
+    assert (
+        re.findall(r"'(\w+)'", task_help) == list(TASKS.names()) == ["arithmetic", "gsm8k", "reverse", "tool_multiply"]
+    )
 
 
 def test_a_registered_task_is_a_task_of_the_cli_with_no_cli_change():

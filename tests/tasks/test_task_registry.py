@@ -11,11 +11,16 @@ from trl_reasoning.tasks.gsm8k import GSM8K
 
 
 def test_each_task_module_registers_its_task():
-    assert TASKS.names() == ("arithmetic", "gsm8k", "reverse")
+    assert TASKS.names() == ("arithmetic", "gsm8k", "reverse", "tool_multiply")
     assert TASKS.get("reverse").build is ReversalTask and TASKS.get("reverse").warm_start
     assert TASKS.get("arithmetic").build is ArithmeticTask and not TASKS.get("arithmetic").warm_start
     assert TASKS.get("gsm8k").dataset == GSM8K == ("openai/gsm8k", "main") and TASKS.get("gsm8k").build is None
-    assert [task.reward for task in TASKS] == ["last_number_reward", "math_answer_reward", "exact_match_reward"]
+    assert [task.reward for task in TASKS] == [
+        "last_number_reward",
+        "math_answer_reward",
+        "exact_match_reward",
+        "trl_reasoning.tasks.tool_use.tool_answer_reward",
+    ]
 
 
 def test_the_gsm8k_row_format_is_format_gsm8k():

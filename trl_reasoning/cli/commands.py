@@ -71,20 +71,27 @@ def _reward_funcs(names: list[str] | None, task: str | None) -> list[Callable]:
     return resolve_reward_funcs(names)
 
 
-def _processing_class(model_name_or_path: str):
-    """The tokenizer to pass explicitly, or `None` to let TRL load it (see `models.loading.load_tokenizer`)."""
+def _processing_class(model_name_or_path: str, chat_template: str | None = None):
+    """The tokenizer to pass explicitly, or `None` to let TRL load it (see `models.loading.load_tokenizer`). A task's
+    `chat_template` (one that renders its tools) is set on the model's tokenizer, which is then always passed."""
     from ..models.loading import has_generic_tokenizer, load_tokenizer
 
+    if chat_template is not None:
+        tokenizer = load_tokenizer(model_name_or_path)
+        tokenizer.chat_template = chat_template
+        return tokenizer
     return load_tokenizer(model_name_or_path) if has_generic_tokenizer(model_name_or_path) else None
 
 
 def _train_model_path(model_args, data_args: DataArguments) -> str:
-    """The model to train: `model_name_or_path` resolved (e.g. smollm2-135m-instruct, converted offline), or without
-    one the cached warm-started tiny model of the digit-reversal task."""
+    """The model to train: `model_name_or_path` resolved (e.g. smollm2-135m-instruct, converted offline) and prepared
+    by the task when it asks to (`CliTask.prepare_model`, e.g. a cached warm start), or without one the cached
+    warm-started tiny model of the digit-reversal task."""
     model_name_or_path = model_args.model_name_or_path
-    if model_name_or_path is not None:
-        return resolve_model_path(model_name_or_path)
     spec = TASKS.get(data_args.task) if data_args.task is not None else None
+    if model_name_or_path is not None:
+        path = resolve_model_path(model_name_or_path)
+        return spec.prepare_model(path) if spec is not None and spec.prepare_model is not None else path
     if spec is None or not spec.warm_start:
         raise ValueError("No model: set --model_name_or_path (or model_name_or_path: in the YAML recipe).")
     from ..demo.warm_start import warm_start
@@ -149,6 +156,12 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
 
     from ..evaluation.callbacks import PassAtKCallback
 
+    spec = TASKS.get(data_args.task) if data_args.task is not None else None
+    tools = {"tools": list(spec.tools)} if spec is not None and spec.tools else {}  # as TRL's GRPOTrainer takes them
+    if tools and data_args.pass_at_k_samples:
+        raise ValueError(
+            f"--pass_at_k_samples samples one turn and runs no tools; --task {data_args.task} needs them."
+        )
     model_name_or_path = _train_model_path(model_args, data_args)
     dataset = _train_dataset(data_args, mixture)
     test = dataset[data_args.dataset_test_split] if data_args.dataset_test_split in dataset else None
@@ -160,9 +173,10 @@ def train(data_args: DataArguments, training_args, model_args, trainer_class: ty
         args=training_args,
         train_dataset=dataset[data_args.dataset_train_split],
         eval_dataset=test if training_args.eval_strategy != "no" else None,
-        processing_class=_processing_class(model_name_or_path),
+        processing_class=_processing_class(model_name_or_path, spec.template() if spec is not None else None),
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
+        **tools,
     )
     if data_args.pass_at_k_samples and test is not None:
         trainer.add_callback(
@@ -204,6 +218,11 @@ def evaluate(eval_args: EvalArguments) -> dict[str, float]:
     if eval_args.model_name_or_path is None:
         raise ValueError("trl-reasoning eval needs --model_name_or_path.")
     eval_args.model_name_or_path = resolve_model_path(eval_args.model_name_or_path)
+    if eval_args.task is not None and TASKS.get(eval_args.task).tools:
+        raise ValueError(
+            f"trl-reasoning eval samples one turn and runs no tools; --task {eval_args.task} needs them. Measure it "
+            "with rollouts that run them (trl_reasoning.tasks.tool_use.rollouts, as bench/tool_use.py does)."
+        )
     accelerator = Accelerator(cpu=eval_args.use_cpu)
     set_seed(eval_args.seed, device_specific=True)
     dataset = load_task_dataset(eval_args.task, eval_args.dataset_name, eval_args.dataset_config)

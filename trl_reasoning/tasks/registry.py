@@ -5,6 +5,9 @@ A task module registers a :class:`CliTask`: its name, its one-line help, its def
 dataset to load when ``--dataset_name`` is unset (``dataset``), and a row formatting applied to whatever is loaded
 (``format_row``). The command line asks :data:`TASKS` and never compares task names, so adding a task is one
 registration in its module (and the module's import in ``trl_reasoning/tasks/__init__.py``).
+
+A task whose model calls tools (``tool_multiply``) also names its tools, the chat template that renders them, and a
+preparation of the model given on the command line (a cached warm start) before RL.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ class CliTask:
         dataset: ``(dataset_name, dataset_config)`` loaded when ``--dataset_name`` is unset (a Hub id).
         format_row: ``dataset.map`` function applied to a loaded dataset (the task's own or ``--dataset_name``'s).
         warm_start: without ``--model_name_or_path``, training starts from the tiny model warm-started on ``build()``.
+        tools: the tools the trainer gets (``tools=``, as ``trl.GRPOTrainer`` takes them); empty for a task without.
+        chat_template: the chat template set on the tokenizer before training (one that renders ``tools``), or a
+            function returning it (so that a task module need not import TRL when the command line starts); ``None``
+            keeps the model's own.
+        prepare_model: called with the resolved ``--model_name_or_path`` before training, returns the model to train
+            (e.g. the folder of a cached warm start of it); ``None`` trains the given model.
     """
 
     name: str
@@ -36,6 +45,13 @@ class CliTask:
     dataset: tuple[str, str | None] | None = None
     format_row: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     warm_start: bool = False
+    tools: tuple[Callable, ...] = ()
+    chat_template: str | Callable[[], str] | None = None
+    prepare_model: Callable[[str], str] | None = None
+
+    def template(self) -> str | None:
+        """The chat template to set on the tokenizer (``chat_template`` called when it is a function), or ``None``."""
+        return self.chat_template() if callable(self.chat_template) else self.chat_template
 
 
 class TaskRegistry:
