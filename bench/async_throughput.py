@@ -3,6 +3,7 @@
     python bench/async_throughput.py --model real --steps 10 --seeds 0 1 2   # SmolLM2-135M-Instruct, LoRA
     python bench/async_throughput.py --model real --preset CISPO --arms sync-1t sync-2t process-k2
     python bench/async_throughput.py --model tiny --steps 30 --seeds 0 1 2   # the tiny Qwen2 of the tests
+    python bench/async_throughput.py --model real-tools --arms sync-2t process-k1 --steps 6   # multi-turn, a tool
 
 Arms (each a fresh process per seed, interleaved so that the machine's load hits every arm alike):
 
@@ -59,7 +60,26 @@ def _workload(model: str, output_dir: str) -> tuple[str, dict, dict]:
 
     from trl_reasoning.models.tiny import cpu_config_kwargs
 
-    if model == "real":
+    if model == "real-tools":  # multi-turn: the tool-use task's warm-started SmolLM2 calling a multiply tool
+        from peft import LoraConfig
+        from transformers import AutoTokenizer
+
+        from trl_reasoning.demo.run import REAL_MODEL_TRAINING
+        from trl_reasoning.models.pretrained import smollm2_path
+        from trl_reasoning.tasks.tool_use import TOOLS, ToolUseTask, tool_answer_reward, tool_tokenizer, warm_start
+
+        path = str(warm_start(str(smollm2_path()))[0])
+        settings = {**cpu_config_kwargs(), **REAL_MODEL_TRAINING}
+        settings.update(dynamic_sampling=False, max_completion_length=96, max_tool_calling_iterations=2)
+        settings.update(per_device_train_batch_size=8, num_generations=4, overlong_cache_length=None)  # as its bench
+        extra = dict(
+            reward_funcs=tool_answer_reward,
+            train_dataset=Dataset.from_list(ToolUseTask().rl_rows("train")),
+            processing_class=tool_tokenizer(AutoTokenizer.from_pretrained(path)),
+            tools=list(TOOLS),
+            peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
+        )
+    elif model == "real":
         from peft import LoraConfig
         from transformers import AutoTokenizer
 
@@ -238,11 +258,12 @@ def summarize(options) -> str:
             f"| {_mean(seeds, 'in_trainer_generation_seconds')} | {own} | {_mean(seeds, 'generation_seconds')} |"
         )
     loads = [r["load"] for seeds in by_arm.values() for r in seeds.values()]
-    what = (
-        "SmolLM2-135M-Instruct with LoRA r=16, the main job's settings (16 completions of ≤ 16 tokens a step)"
-        if options.model == "real"
-        else "the tiny Qwen2 of the tests (16 completions of ≤ 32 tokens a step)"
-    )
+    what = {
+        "real": "SmolLM2-135M-Instruct with LoRA r=16, the main job's settings (16 completions of ≤ 16 tokens a step)",
+        "real-tools": "the tool-use task's warm-started SmolLM2-135M-Instruct with LoRA r=16 and a multiply tool "
+        "(8 multi-turn completions of ≤ 96 tokens, tool responses included, at most 2 tool-calling turns a step)",
+        "tiny": "the tiny Qwen2 of the tests (16 completions of ≤ 32 tokens a step)",
+    }[options.model]
     table = (
         f"{options.preset} (dynamic sampling off) on {what}, {options.steps} steps after {options.warmup} warm-up "
         f"steps, seeds {sorted({s for seeds in by_arm.values() for s in seeds})}, each run a fresh process. In the "
@@ -259,7 +280,7 @@ def summarize(options) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["tiny", "real"], default="tiny")
+    parser.add_argument("--model", choices=["tiny", "real", "real-tools"], default="tiny")
     parser.add_argument("--preset", default="DAPO", help="a preset's name (DAPO, CISPO, ScaleRL, ...)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)

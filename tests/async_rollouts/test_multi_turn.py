@@ -141,11 +141,12 @@ def _first_turn_is_the_call(trainer, call: list[int]) -> None:
     pipeline = trainer.async_rollouts.pipeline if trainer.async_rollouts is not None else None
     if pipeline is not None:  # sampled ahead: the batch the generator returned, its first turn replaced
         collect = pipeline.collect
-        if trainer.use_vllm:  # the stand-in server samples a token at a time: one token of a first turn will do
+        if trainer.use_vllm:  # the stand-in server samples a token at a time, each by a whole forward: one token of
+            # a first turn (replaced below) and eight of a later one will do
             server = trainer.vllm_generation.vllm_client
             request = server.generate
-            server.generate = lambda prompts, n=1, **kwargs: request(
-                prompts, n=n, **{**kwargs, "max_tokens": 1} if n > 1 else kwargs
+            server.generate = lambda prompts, n=1, max_tokens=16, **kwargs: request(
+                prompts, n=n, max_tokens=1 if n > 1 else min(max_tokens, 8), **kwargs
             )
 
         def collected(step, prompts):
@@ -245,13 +246,12 @@ def _check_two_turn_samples(trainer, batches, weights_at_step, seen, call, kind:
 @pytest.mark.parametrize("kind", ["tools", "environment"])
 @pytest.mark.parametrize("generator", list(GENERATORS))
 def test_a_two_turn_sample_on_every_generator_token_by_token(generator, kind, tmp_path, server_standin):
-    trainer, call, seen = _trainer(tmp_path, generator, kind, max_steps=3)
+    k = GENERATORS[generator].get("max_staleness", 0)
+    trainer, call, seen = _trainer(tmp_path, generator, kind, max_steps=max(k, 1) + 1)  # the last batch k steps stale
     _first_turn_is_the_call(trainer, call)
     batches, weights_at_step = _recorded(trainer)
     trainer.train()
-    _check_two_turn_samples(
-        trainer, batches, weights_at_step, seen, call, kind, GENERATORS[generator].get("max_staleness", 0)
-    )
+    _check_two_turn_samples(trainer, batches, weights_at_step, seen, call, kind, k)
 
 
 @pytest.mark.slow
@@ -260,7 +260,7 @@ def test_tools_on_the_generator_process_with_lora(tmp_path):
     from peft import LoraConfig
 
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    trainer, call, seen = _trainer(tmp_path, "process-k1", "environment", max_steps=3, peft_config=lora)
+    trainer, call, seen = _trainer(tmp_path, "process-k1", "environment", max_steps=2, peft_config=lora)
     assert all("lora" in name for name, p in trainer.model.named_parameters() if p.requires_grad)
     _first_turn_is_the_call(trainer, call)
     batches, weights_at_step = _recorded(trainer)
