@@ -279,11 +279,7 @@ def test_a_module_exports_only_the_names_it_defines():
         if path.name != "__init__.py"
     }
     assert len(modules) > 50
-    found = {
-        module: names
-        for module, source in modules.items()
-        if (names := reexported_names(source))
-    }
+    found = {module: names for module, source in modules.items() if (names := reexported_names(source))}
     assert found == {}, f"names exported from a module that does not define them: {found}"
 
 
