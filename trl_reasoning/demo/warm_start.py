@@ -9,23 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..tasks.chain_sums import ChainSumTask
 from ..tasks.digit_reversal import ReversalTask
+from ..utils.cached_folders import built_once, default_cache_dir
 
 #: Bumped when the warm start's recipe changes in a way the settings below do not capture.
 WARM_START_FORMAT = 1
-CACHE_ENV_VAR = "TRL_REASONING_CACHE"
-
-
-def default_cache_dir() -> Path:
-    """``$TRL_REASONING_CACHE`` if set, else ``~/.cache/trl-reasoning``."""
-    return Path(os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "trl-reasoning")
 
 
 @dataclass(frozen=True)
@@ -134,17 +126,9 @@ def warm_start(
     """
     settings = settings or WarmStartSettings()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / f"warm-start-{cache_key(task, settings)}"
-    if use_cache and (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
-        return target, True
-
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".warm-start-", dir=root))
-    try:
-        model_dir = _train_warm_start(task, settings, staging)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(model_dir, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target, False
+    return built_once(
+        root / f"warm-start-{cache_key(task, settings)}",
+        lambda staging: _train_warm_start(task, settings, staging),
+        lambda folder: (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file(),
+        use_cache=use_cache,
+    )

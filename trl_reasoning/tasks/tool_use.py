@@ -18,19 +18,16 @@ own tool loop (``tools=[multiply]`` given to the trainer, as ``trl.GRPOTrainer``
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import random
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..utils.cached_folders import built_once, default_cache_dir
 from .registry import TASKS, CliTask
 
 #: The system message of every prompt (without one, the template would add "You are Qwen, ...").
@@ -45,7 +42,6 @@ PHRASINGS = (
 #: The answer turn of the warm start's transcripts (it ends with the product, as the reward reads it).
 ANSWER_TEXT = "{a} times {b} is {product}."
 WARM_START_FORMAT = 1  # bumped when the warm start's recipe changes in a way its settings do not capture
-CACHE_ENV_VAR = "TRL_REASONING_CACHE"
 
 _NUMBER = re.compile(r"-?\d+")
 
@@ -338,32 +334,23 @@ def warm_start(
     once: the others wait for it under a file lock.
     """
     task, settings = task or ToolUseTask(), settings or ToolWarmStart()
-    root = Path(cache_dir or os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "trl-reasoning")
-    target = root / f"tool-warm-start-{cache_key(model_path, task, settings)}"
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
 
-    def cached() -> bool:
-        return use_cache and (target / "config.json").is_file() and (target / "warm_start.json").is_file()
-
-    if cached():
-        return target, True
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if cached():  # another process trained it while this one waited
-            return target, True
+    def build(staging: Path) -> Path:
+        nonlocal tokenizer
         if tokenizer is None:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-        staging = Path(tempfile.mkdtemp(prefix=".tool-warm-start-", dir=root))
-        try:
-            model_dir = _train_warm_start(str(model_path), tool_tokenizer(tokenizer), task, settings, staging)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(model_dir, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return target, False
+        return _train_warm_start(str(model_path), tool_tokenizer(tokenizer), task, settings, staging)
+
+    return built_once(
+        root / f"tool-warm-start-{cache_key(model_path, task, settings)}",
+        build,
+        lambda folder: (folder / "config.json").is_file() and (folder / "warm_start.json").is_file(),
+        use_cache=use_cache,
+        exclusive=True,
+    )
 
 
 def warm_started_model(model_path: str) -> str:
