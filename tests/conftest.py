@@ -208,3 +208,46 @@ def prompts() -> Dataset:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def tool_calling_model(tmp_path: Path) -> tuple[str, object]:
+    """The tiny model with room for TRL's tool section in the prompt, and its tokenizer with a template that renders
+    tool calls (passed in memory: the character tokenizer is the one that keeps whitespace, which the template's
+    parser needs)."""
+    import json
+
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from trl_reasoning.models.tiny import build_tokenizer
+
+    path = save_tiny_model(tmp_path / "tool-model", seed=0)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = qwen2_5_chat_template
+    return str(path), tokenizer
+
+
+def scored_batches(trainer) -> tuple[list[dict], list[dict]]:
+    """Every batch ``trainer.train()`` scores, and the trainable weights at the beginning of every optimizer step."""
+    from transformers import TrainerCallback
+
+    batches, weights_at_step = [], []
+    score = trainer._generate_and_score_completions
+
+    def scored(inputs):
+        batches.append(score(inputs))
+        return batches[-1]
+
+    class WeightsAtStepBegin(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            weights_at_step.append({k: v.detach().clone() for k, v in model.named_parameters()})
+
+    trainer._generate_and_score_completions = scored
+    trainer.add_callback(WeightsAtStepBegin())
+    return batches, weights_at_step
+
+
+def unpadded_rows(batch: dict, key: str, mask_key: str) -> list[list[int]]:
+    """The unpadded rows of ``batch[key]`` (``mask_key`` marks the real tokens)."""
+    return [ids[mask.bool()].tolist() for ids, mask in zip(batch[key], batch[mask_key], strict=True)]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from conftest import scored_batches  # noqa: E402
 from test_multi_turn import (  # noqa: E402
     RowEpisodes,
     _check_two_turn_samples,
     _first_turn_is_the_call,
-    _recorded,
     _trainer,
 )
 
@@ -22,7 +22,7 @@ def main(out_dir: str) -> None:
     trainer, call, seen = _trainer(Path(out_dir), "process-k1", "environment", RowEpisodes, max_steps=3)
     rank = trainer.accelerator.process_index
     _first_turn_is_the_call(trainer, call)
-    batches, weights_at_step = _recorded(trainer)
+    batches, weights_at_step = scored_batches(trainer)
     trainer.train()
     # this rank's rows: its own episodes, answered by its own instances, its later turns by its own worker
     _check_two_turn_samples(trainer, batches, weights_at_step, seen, call, "environment", 1)

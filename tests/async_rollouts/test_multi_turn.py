@@ -22,13 +22,20 @@ from pathlib import Path
 import pytest
 import torch
 import trl.trainer.grpo_trainer as trl_grpo
-from conftest import StopAt, cpu_args, logged_metric, logps_under, make_prompts, run_torchrun, save_tiny_model
+from conftest import (
+    StopAt,
+    cpu_args,
+    logged_metric,
+    logps_under,
+    make_prompts,
+    run_torchrun,
+    scored_batches,
+    tool_calling_model,
+    unpadded_rows,
+)
 from test_async_server import ServerModeGeneration
-from transformers import TrainerCallback
-from trl.chat_template_utils import qwen2_5_chat_template
 
 import trl_reasoning as tr
-from trl_reasoning.models.tiny import build_tokenizer
 
 
 def lookup(key: str) -> str:
@@ -95,11 +102,7 @@ def _trainer(
 ):
     """A ``ReasoningTrainer`` of the tiny model (room for TRL's tool section, a template that renders tool calls)
     with ``tools=[lookup]`` or ``environment_factory=environment``, its reward recording what each rollout saw."""
-    path = save_tiny_model(tmp_path / "tool-model", seed=0)
-    config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
-    tokenizer = build_tokenizer()  # in memory: the character tokenizer keeps whitespace, which the parser needs
-    tokenizer.chat_template = qwen2_5_chat_template
+    path, tokenizer = tool_calling_model(tmp_path)
     settings = {**GENERATORS[generator], **(SERVER if generator.startswith("server") else {})}
     args = tr.ReasoningConfig(
         **cpu_args(output_dir=str(tmp_path / "out"), max_completion_length=200, **{**settings, **overrides})
@@ -124,7 +127,7 @@ def _trainer(
 
     multi_turn = {"tools": [lookup]} if kind == "tools" else {"environment_factory": environment}
     trainer = tr.ReasoningTrainer(
-        model=str(path),
+        model=path,
         reward_funcs=records,
         args=args,
         train_dataset=make_prompts() if train_dataset is None else train_dataset,
@@ -170,28 +173,6 @@ def _first_turn_is_the_call(trainer, call: list[int]) -> None:
     trainer._generate_single_turn = turn
 
 
-def _recorded(trainer) -> tuple[list[dict], list[dict]]:
-    """Every scored batch of ``trainer.train()``, and the trainable weights at the beginning of every step."""
-    batches, weights_at_step = [], []
-    score = trainer._generate_and_score_completions
-
-    def scored(inputs):
-        batches.append(score(inputs))
-        return batches[-1]
-
-    class WeightsAtStepBegin(TrainerCallback):
-        def on_step_begin(self, args, state, control, model=None, **kwargs):
-            weights_at_step.append({k: v.detach().clone() for k, v in model.named_parameters()})
-
-    trainer._generate_and_score_completions = scored
-    trainer.add_callback(WeightsAtStepBegin())
-    return batches, weights_at_step
-
-
-def _rows(batch: dict, key: str, mask_key: str) -> list[list[int]]:
-    return [ids[mask.bool()].tolist() for ids, mask in zip(batch[key], batch[mask_key], strict=True)]
-
-
 @pytest.fixture
 def server_standin(monkeypatch):
     monkeypatch.setattr(trl_grpo, "VLLMGeneration", ServerModeGeneration)
@@ -209,8 +190,8 @@ def _check_two_turn_samples(trainer, batches, weights_at_step, seen, call, kind:
     rows = len(batches[0]["completion_ids"])
     decode = trainer._tokenizer.decode
     for g, batch in enumerate(batches):
-        prompts = _rows(batch, "prompt_ids", "prompt_mask")
-        completions = _rows(batch, "completion_ids", "completion_mask")
+        prompts = unpadded_rows(batch, "prompt_ids", "prompt_mask")
+        completions = unpadded_rows(batch, "completion_ids", "completion_mask")
         for row, ids in enumerate(completions):
             record = seen[g * rows + row]
             (response,) = record["tool"]
@@ -230,8 +211,8 @@ def _check_two_turn_samples(trainer, batches, weights_at_step, seen, call, kind:
         return
     # the last batch (staleness k): its next turn was sampled by the weights of k steps earlier, not the current ones
     batch = batches[-1]
-    prompts = _rows(batch, "prompt_ids", "prompt_mask")
-    completions = _rows(batch, "completion_ids", "completion_mask")
+    prompts = unpadded_rows(batch, "prompt_ids", "prompt_mask")
+    completions = unpadded_rows(batch, "completion_ids", "completion_mask")
     temperature = trainer.args.temperature
     behaviour = logps_under(trainer.model, weights_at_step[steps - 1 - k], prompts, completions, temperature)
     current = logps_under(trainer.model, weights_at_step[steps - 1], prompts, completions, temperature)
@@ -249,7 +230,7 @@ def test_a_two_turn_sample_on_every_generator_token_by_token(generator, kind, tm
     k = GENERATORS[generator].get("max_staleness", 0)
     trainer, call, seen = _trainer(tmp_path, generator, kind, max_steps=max(k, 1) + 1)  # the last batch k steps stale
     _first_turn_is_the_call(trainer, call)
-    batches, weights_at_step = _recorded(trainer)
+    batches, weights_at_step = scored_batches(trainer)
     trainer.train()
     _check_two_turn_samples(trainer, batches, weights_at_step, seen, call, kind, k)
 
@@ -263,7 +244,7 @@ def test_tools_on_the_generator_process_with_lora(tmp_path):
     trainer, call, seen = _trainer(tmp_path, "process-k1", "environment", max_steps=2, peft_config=lora)
     assert all("lora" in name for name, p in trainer.model.named_parameters() if p.requires_grad)
     _first_turn_is_the_call(trainer, call)
-    batches, weights_at_step = _recorded(trainer)
+    batches, weights_at_step = scored_batches(trainer)
     trainer.train()
     _check_two_turn_samples(trainer, batches, weights_at_step, seen, call, "environment", 1)
 
@@ -278,7 +259,7 @@ def test_a_run_with_environments_on_the_generator_process_resumes_as_the_uninter
     def run(folder: str, stop_at: int | None = None, resume: str | None = None):
         trainer, call, seen = _trainer(tmp_path / folder, "process-k2", "environment", RowEpisodes, **settings)
         _first_turn_is_the_call(trainer, call)
-        batches, _ = _recorded(trainer)
+        batches, _ = scored_batches(trainer)
         if stop_at is not None:
             trainer.add_callback(StopAt(stop_at))
         with warnings.catch_warnings(record=True) as caught:
@@ -324,7 +305,7 @@ def test_several_environments_by_name_on_the_generator_process(tmp_path):
         tmp_path, "process-k1", "environment", environments, train_dataset=Dataset.from_list(rows), max_steps=2
     )
     _first_turn_is_the_call(trainer, call)
-    batches, weights_at_step = _recorded(trainer)
+    batches, weights_at_step = scored_batches(trainer)
     trainer.train()
     _check_two_turn_samples(trainer, batches, weights_at_step, seen, call, "environment", 1)
     kinds = {record["environment"] for record in seen}

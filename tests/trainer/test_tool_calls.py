@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import warnings
 
 import pytest
 import torch
-from conftest import cpu_args, logged_metric, make_prompts
+from conftest import cpu_args, logged_metric, make_prompts, scored_batches, tool_calling_model, unpadded_rows
 
 import trl_reasoning as tr
-from trl_reasoning.models.tiny import build_tokenizer, save_tiny_model
 from trl_reasoning.trainer.tool_calls import ToolCallGuard, ToolCallTimeout
 
 
@@ -109,20 +107,6 @@ def test_invalid_settings_name_the_field(field, value):
         tr.ReasoningConfig(**cpu_args(**{field: value}))
 
 
-def _tool_calling_model(tmp_path):
-    """The tiny model with room for TRL's tool section in the prompt, and its tokenizer with a template that renders
-    tool calls (passed in memory: the character tokenizer is the one that keeps whitespace, which the template's
-    parser needs)."""
-    from trl.chat_template_utils import qwen2_5_chat_template
-
-    path = save_tiny_model(tmp_path / "tool-model", seed=0)
-    config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
-    tokenizer = build_tokenizer()
-    tokenizer.chat_template = qwen2_5_chat_template
-    return str(path), tokenizer
-
-
 def _learns(completions, **kwargs) -> list[float]:
     """Rewards that differ within every group, so that each step moves the weights."""
     return [float(i % 2) for i in range(len(completions))]
@@ -131,7 +115,7 @@ def _learns(completions, **kwargs) -> list[float]:
 def _tool_trainer(tmp_path, tool, reward_funcs=_learns, config_kwargs=None, **cpu_overrides):
     """A ``ReasoningTrainer`` of the tool-calling tiny model with ``tools=[tool]``, and the two turns of every rollout
     in these tests as token ids: a call of ``tool`` with ``key="x"``, then ``"done"``."""
-    model, tokenizer = _tool_calling_model(tmp_path)
+    model, tokenizer = tool_calling_model(tmp_path)
     args = tr.ReasoningConfig(
         **cpu_args(output_dir=str(tmp_path / "out"), **{"max_completion_length": 400, **cpu_overrides}),
         **(config_kwargs or {}),
@@ -165,39 +149,13 @@ def _first_turn_calls_the_tool(trainer, turns) -> list[int]:
     return sampled
 
 
-def _recorded(trainer) -> tuple[list[dict], list[dict]]:
-    """Every scored batch of ``trainer.train()`` and the weights at the beginning of every optimizer step."""
-    from transformers import TrainerCallback
-
-    batches, weights_at_step = [], []
-    real_scoring = trainer._generate_and_score_completions
-
-    def recorded(inputs):
-        batch = real_scoring(inputs)
-        batches.append(batch)
-        return batch
-
-    class WeightsAtStepBegin(TrainerCallback):
-        def on_step_begin(self, args, state, control, model=None, **kwargs):
-            weights_at_step.append({k: v.detach().clone() for k, v in model.named_parameters()})
-
-    trainer._generate_and_score_completions = recorded
-    trainer.add_callback(WeightsAtStepBegin())
-    return batches, weights_at_step
-
-
-def _rows(batch: dict, key: str, mask_key: str) -> list[list[int]]:
-    """The unpadded rows of ``batch[key]`` (``mask_key`` marks the real tokens)."""
-    return [ids[mask.bool()].tolist() for ids, mask in zip(batch[key], batch[mask_key], strict=True)]
-
-
 def _sampler_logps_of(batch: dict, weights_at_step: list[dict], trainer) -> tuple[list, list]:
     """The sampled tokens' log-probs of ``batch`` recomputed (float64, each sequence alone) under the weights at the
     beginning of step 0 and of step 1."""
     from conftest import logps_under
 
-    prompt_ids = _rows(batch, "prompt_ids", "prompt_mask")
-    completion_ids = _rows(batch, "completion_ids", "completion_mask")
+    prompt_ids = unpadded_rows(batch, "prompt_ids", "prompt_mask")
+    completion_ids = unpadded_rows(batch, "completion_ids", "completion_mask")
     temperature = trainer.args.temperature
     return tuple(
         logps_under(trainer.model, weights, prompt_ids, completion_ids, temperature) for weights in weights_at_step[:2]
@@ -287,7 +245,7 @@ def test_a_two_turn_sample_token_by_token(tmp_path, staleness):
     trainer, turns = _tool_trainer(tmp_path, lookup, max_steps=2, **settings)
     suffix = trainer._get_tool_suffix_ids([{"role": "tool", "name": "lookup", "content": "value of x"}])
     _first_turn_calls_the_tool(trainer, turns)
-    batches, weights_at_step = _recorded(trainer)
+    batches, weights_at_step = scored_batches(trainer)
     trainer.train()
 
     expected_ids = turns[0] + suffix + turns[1]
@@ -340,12 +298,12 @@ def test_the_generator_process_samples_every_turn_with_the_batch_s_behaviour_wei
         }
 
     pipeline.collect = first_turn_is_a_call
-    batches, weights_at_step = _recorded(trainer)
+    batches, weights_at_step = scored_batches(trainer)
     trainer.train()
 
     assert logged_metric(trainer, "tools/call_frequency") == [1.0, 1.0]
     batch = batches[1]  # sampled ahead at step 0, its second turn sampled at step 1
-    completion_ids = _rows(batch, "completion_ids", "completion_mask")
+    completion_ids = unpadded_rows(batch, "completion_ids", "completion_mask")
     start = len(first_turn) + len(suffix)
     behaviour, current = _sampler_logps_of(batch, weights_at_step, trainer)
     for row, ids in enumerate(completion_ids):
