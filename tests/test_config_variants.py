@@ -14,9 +14,9 @@ from transformers import HfArgumentParser
 from trl import GRPOConfig
 
 import trl_reasoning as tr
-from trl_reasoning.algorithms.async_generators import ASYNC_GENERATORS
 from trl_reasoning.algorithms.losses import DPPO_DEFAULT_THRESHOLDS, POLICY_LOSSES
 from trl_reasoning.algorithms.registry import VariantField
+from trl_reasoning.async_generators import GENERATORS
 from trl_reasoning.config import (
     _SCALE_REWARDS_TO_ESTIMATOR,
     _TRL_LOSS_TYPES,
@@ -77,7 +77,7 @@ ONE_OF_FIELDS = {
     "loss_type": tuple(_TRL_LOSS_TYPES),
     "scale_rewards": tuple(_SCALE_REWARDS_TO_ESTIMATOR),
     "dppo_divergence": tuple(DPPO_DEFAULT_THRESHOLDS),
-    "async_generator": ASYNC_GENERATORS.names(),
+    "async_generator": GENERATORS.names(),
 }
 
 

@@ -20,6 +20,7 @@ FLOORS = {
     "evaluation": 2,
     "models": 2,
     "tasks": 2,
+    "async_generators": 2,
     "config": 3,
     "async_rollouts": 3,
     "trainer": 4,

@@ -22,12 +22,6 @@ from trl import GRPOConfig
 from .algorithms.advantages import ADVANTAGE_ESTIMATORS
 from .algorithms.aggregation import AGGREGATIONS
 from .algorithms.anchors import resolve_anchor
-from .algorithms.async_generators import (
-    ASYNC_GENERATORS,
-    check_generator_config,
-    generator_descriptions,
-    known_generator,
-)
 from .algorithms.group_selection import GROUP_SELECTIONS, resolve_group_selection
 from .algorithms.importance_sampling import ICEPOP_BAND, ICEPOP_MODE
 from .algorithms.importance_sampling import check_mode as check_importance_sampling_mode
@@ -40,10 +34,13 @@ from .algorithms.losses import (
     required_inputs,
     sequence_ratio_form,
 )
-from .algorithms.registry import Registry, with_variant_field_entries
+from .algorithms.registry import Registry, VariantField, with_variant_field_entries
 from .algorithms.sampling_processors import overridden_settings, unreproduced_settings
 from .algorithms.shaping import MULTI_OBJECTIVE_AGGREGATIONS
 from .algorithms.truncation import sampling_truncation
+from .async_generators import DEFAULT as DEFAULT_GENERATOR
+from .async_generators import FIELD as GENERATOR_FIELD
+from .async_generators import GENERATORS, AheadRun
 from .models.model_card import record_derived_values
 from .rewards.wrapping import REWARD_ERROR_POLICIES
 from .utils.config_changes import CONSTRUCTION_ATTRIBUTE, rebuild_with_changes, remember_construction
@@ -98,6 +95,15 @@ class OptimizerStepsPerGeneration(int):
 def one_of_text(names) -> str:
     """``"one of a, b, c"``: the phrase every "one of" help text is built with (a test reads it back)."""
     return f"one of {', '.join(names)}"
+
+
+#: ``async_generator``, declared as a variant field (its docstring entry is written like theirs): its help is written
+#: from the generators' declarations (``trl_reasoning.async_generators``), each one's help and what it does not sample.
+ASYNC_GENERATOR_FIELD = VariantField(
+    GENERATOR_FIELD,
+    DEFAULT_GENERATOR,
+    f"Asynchronous rollouts: where batches are sampled, {one_of_text(GENERATORS.names())}. {GENERATORS.help_text()}",
+)
 
 
 def _variant_field(name: str):
@@ -216,18 +222,7 @@ class ReasoningConfig(GRPOConfig):
         max_staleness (`int`, *optional*, defaults to `1`):
             `k`, the staleness bound in generation steps (optimizer steps when `steps_per_generation` equals
             `gradient_accumulation_steps`, TRL's default). `0` samples from the current weights.
-        async_generator (`str`, *optional*, defaults to `"inline"`):
-            Where asynchronous batches are sampled. `"inline"`: in the training process, when the batch is needed
-            (the same lag, no overlap in time). `"process"`: in a worker process with its own copy of the model
-            (HF `generate`), which samples the next `k` batches while the trainer trains; each call is seeded, so
-            both generators give the same batches. `"process"` needs `max_staleness >= 1`, one generation per
-            optimizer step (`steps_per_generation * num_iterations == gradient_accumulation_steps`, TRL's default),
-            no vLLM (vLLM is its own engine), no `environment_factory` (`tools` are run: each later turn is sampled
-            by the worker with the batch's weights), a text model and no bitsandbytes quantization. `"server"`:
-            TRL's vLLM server (`use_vllm=True, vllm_mode="server"`) samples the next `k` batches while the trainer
-            trains: each batch's behaviour weights are pushed with TRL's weight sync as soon as they exist and its
-            prompts sent with TRL's client from a background thread (the server's own sampling seeds; needs
-            `max_staleness >= 1`, one generation per optimizer step, no tools and a text model).
+        {variant field async_generator}
         async_timeout (`float`, *optional*, defaults to `600.0`):
             `"process"` and `"server"`: seconds the trainer waits for a batch before a `GeneratorError` (`"server"`:
             for each request, counted from its sending, so a queue of slow healthy requests never fails); a worker
@@ -432,13 +427,7 @@ class ReasoningConfig(GRPOConfig):
         default=1,
         metadata={"help": "Asynchronous rollouts: the staleness bound k in generation steps (0 = current weights)."},
     )
-    async_generator: str = field(
-        default="inline",
-        metadata={
-            "help": f"Asynchronous rollouts: where batches are sampled, {one_of_text(ASYNC_GENERATORS.names())}. "
-            f"{generator_descriptions()}"
-        },
-    )
+    async_generator: str = field(default=ASYNC_GENERATOR_FIELD.default, metadata={"help": ASYNC_GENERATOR_FIELD.help})
     async_timeout: float = field(
         default=600.0,
         metadata={
@@ -589,8 +578,11 @@ class ReasoningConfig(GRPOConfig):
             if explained is error:
                 raise
             raise explained from error
-        # the checks the chosen generator declares; they read the batch geometry TRL has just resolved
-        check_generator_config(self)
+        # What the chosen generator refuses of the run, as far as the config knows it (the batch geometry TRL has just
+        # resolved); with async_rollouts=None the trainer decides, training synchronously with a warning.
+        refusal = GENERATORS.refusal(self.async_generator, AheadRun.of_config(self))
+        if refusal is not None and self.async_rollouts is True:
+            raise ValueError(refusal)
         # The model card tells what the user set from what __post_init__ derived, without building a config later
         # (building one mid-training resets accelerate's global state).
         record_derived_values(self, passed)
@@ -900,7 +892,7 @@ class ReasoningConfig(GRPOConfig):
         """Asynchronous rollouts and the importance-sampling correction."""
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}.")
-        known_generator(self.async_generator)  # the declared generators (algorithms/async_generators.py)
+        GENERATORS.check_known(self.async_generator)  # the declared generators (trl_reasoning/async_generators.py)
         check_importance_sampling_mode(self.vllm_importance_sampling_mode)
         if (
             self.vllm_importance_sampling_mode == "sequence_geo_truncate"  # TRL checks its own truncating modes
@@ -1051,5 +1043,5 @@ class ReasoningConfig(GRPOConfig):
 
 
 ReasoningConfig.__doc__ = with_variant_field_entries(
-    ReasoningConfig.__doc__, VARIANT_FIELDS, ReasoningConfig.__annotations__
+    ReasoningConfig.__doc__, VARIANT_FIELDS | {GENERATOR_FIELD: ASYNC_GENERATOR_FIELD}, ReasoningConfig.__annotations__
 )

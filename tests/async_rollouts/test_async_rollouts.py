@@ -575,6 +575,18 @@ def test_the_generator_process_refuses_what_it_cannot_sample(tiny_model_path, tm
         _trainer(tiny_model_path, tmp_path, async_generator="process", steps_per_generation=2)
 
 
+def test_with_async_rollouts_none_a_run_the_generator_refuses_trains_synchronously_saying_why(
+    tiny_model_path, tmp_path
+):
+    """``None`` is "on where the run supports it": what the chosen generator refuses is a reason like any other."""
+    with pytest.warns(UserWarning, match=r"trains synchronously, because async_generator='process' does not support "
+                      r"more or less than one generation"):  # fmt: skip
+        trainer = _trainer(
+            tiny_model_path, tmp_path, async_rollouts=None, async_generator="process", steps_per_generation=2
+        )
+    assert trainer.async_rollouts is None
+
+
 def test_a_script_without_a_main_guard_trains_once(tiny_model_path, tmp_path):
     """The worker is a spawned process, which re-runs an unguarded main script unless told not to."""
     import subprocess

@@ -6,8 +6,9 @@ weights travel to it are named in ``protocols`` (``AsyncRolloutHost``, ``Generat
 The package exports the facade (``AsyncRollouts``, ``async_rollouts_for``), the ahead pipeline (``AheadPipeline``,
 ``job_seed``), the behaviour weights and the protocols with the types they pass.
 
-The generators are registered by name (``generators.GENERATORS``) when their modules are imported, which happens here,
-on the package's import: a new generator module is added to the line below.
+The generators are declared in ``trl_reasoning.async_generators`` (name, help, run shape, refusals); each one's start
+function is registered by name (``starts.register_generator``) when its module is imported, which happens here, on
+the package's import: a new generator module is added to the line below.
 """
 
 from . import inline_generator, process_generator, server_generator  # noqa: F401  (each registers its generator)

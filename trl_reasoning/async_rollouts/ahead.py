@@ -9,8 +9,8 @@ call samples with its own seed (:func:`job_seed`, :func:`seeded_sampling`), so t
 whatever the timing.
 
 Seams (``trl_reasoning.async_rollouts.protocols``): :class:`AheadPipeline` holds its generator as a ``Generator``
-(``InProcessGenerator``, ``GeneratorProcess``, ``ServerGenerator``, started by the backend registered under
-``async_generator``: ``trl_reasoning.async_rollouts.generators``) and submits each batch with ``VersionedWeights``
+(``InProcessGenerator``, ``GeneratorProcess``, ``ServerGenerator``, started by the function registered under
+``async_generator``: ``trl_reasoning.async_rollouts.starts``) and submits each batch with ``VersionedWeights``
 whose version is the generation step the weights are from (``BehaviourWeights.versioned_for``).
 """
 

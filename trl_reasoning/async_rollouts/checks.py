@@ -1,15 +1,15 @@
 """The checks of an asynchronous run: whether it can sample asynchronously at all (:func:`async_rollouts_problem`,
-:func:`resolve_async_rollouts`), whether it keeps snapshots of its weights or the sampled batches
-(:func:`snapshots_needed_by`), and what its generator cannot sample ahead (:func:`check_ahead_generator`, which asks
-the generator registered under ``async_generator``: ``trl_reasoning.async_rollouts.generators``).
+:func:`resolve_async_rollouts`), what its generator cannot sample (:func:`generator_refusal`), and whether it keeps
+snapshots of its weights or the sampled batches (:func:`snapshots_needed_by`). The generators' rules are their
+declarations' (``trl_reasoning.async_generators``), read on the run as :func:`ahead_run` describes it.
 """
 
 from __future__ import annotations
 
 import warnings
 
+from ..async_generators import GENERATORS, AheadRun
 from ..utils.user_warnings import user_stacklevel
-from .generators import AheadRun, generator_backend
 from .protocols import AsyncRolloutHost
 
 
@@ -54,10 +54,8 @@ def snapshots_needed_by(host: AsyncRolloutHost) -> str | None:
 
     - dynamic sampling's extra rounds (their prompts and sizes follow round 0's rewards);
     - DPPO's top-K from the model (a forward of the trained batch with the behaviour weights);
-    - what the generator leaves to TRL's own generation (``GeneratorBackend.step_time_reason``:
-      ``async_generator="inline"`` where TRL's own ``_generate`` samples: vLLM, tools or environments, a
-      vision-language model, a ``rollout_func``, transformers' continuous batching, more or less than one generation
-      per optimizer step); ``max_staleness=0`` keeps no snapshot anyway.
+    - what the generator leaves to TRL's own generation (its declaration's ``trl_samples_where``:
+      ``async_generator="inline"`` where TRL's own ``_generate`` samples); ``max_staleness=0`` keeps no snapshot anyway.
     """
     args = host.args
     if args.max_staleness == 0:
@@ -66,68 +64,38 @@ def snapshots_needed_by(host: AsyncRolloutHost) -> str | None:
         return "dynamic sampling's extra rounds are sampled by the weights of k steps earlier after round 0's rewards"
     if host._uses_topk_divergence and not host.use_vllm:
         return "DPPO's top-K divergence is computed from the model with the behaviour weights"
-    reason = generator_backend(args.async_generator).step_time_reason(host)
+    reason = GENERATORS.get(args.async_generator).step_time_reason(ahead_run(host))
     if reason is None and host.tools:
         return "tool calls: the turns after the first are sampled when the batch is trained, by the weights of k steps earlier"
     return reason
 
 
 def ahead_run(host: AsyncRolloutHost) -> AheadRun:
-    """What a generator that samples ahead needs to know of ``host``'s run (:func:`check_ahead_generator`)."""
+    """``host``'s run as the generators' rules read it."""
     args = host.args
     return AheadRun(
+        config_name=type(args).__name__,
+        max_staleness=args.max_staleness,
+        steps_per_generation=args.steps_per_generation,
+        num_iterations=host.num_iterations,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
         uses_vllm=host.use_vllm,
         vllm_mode=getattr(host, "vllm_mode", None) if host.use_vllm else None,
+        continuous_batching=bool(getattr(args, "use_transformers_continuous_batching", False)),
         tools=bool(host.tools) or host.environment_factories is not None,
+        environments=host.environment_factories is not None,
         vision_language=host._is_vlm,
-        one_generation_per_step=args.steps_per_generation * host.num_iterations == args.gradient_accumulation_steps,
         quantized=getattr(host.model, "is_loaded_in_4bit", False) or getattr(host.model, "is_loaded_in_8bit", False),
         rollout_func=host.rollout_func is not None,
-        continuous_batching=bool(getattr(args, "use_transformers_continuous_batching", False)),
-        environments=host.environment_factories is not None,
         processes=host.accelerator.num_processes,
         engine_topk=host.use_vllm and host._uses_topk_divergence,
     )
 
 
-def check_ahead_generator(
-    generator: str,
-    *,
-    uses_vllm: bool,
-    vllm_mode: str | None,
-    tools: bool,
-    vision_language: bool,
-    one_generation_per_step: bool,
-    quantized: bool,
-    rollout_func: bool = False,
-    continuous_batching: bool = False,
-    environments: bool = False,
-    processes: int = 1,
-    engine_topk: bool = False,
-) -> None:
-    """A generator that samples ahead (``async_generator="process"`` or ``"server"``) refuses, naming each with its way
-    out, what it cannot sample as TRL's ``_generate`` would (its ``GeneratorBackend.unsupported``): everything else
-    TRL's generation reads (``generation_kwargs``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``,
-    ``cache_implementation``, the chat template and its kwargs) reaches the worker through the trainer's
-    ``generation_config`` and tokenized prompts, or the server through TRL's own sampling parameters."""
-    run = AheadRun(
-        uses_vllm=uses_vllm,
-        vllm_mode=vllm_mode,
-        tools=tools,
-        vision_language=vision_language,
-        one_generation_per_step=one_generation_per_step,
-        quantized=quantized,
-        rollout_func=rollout_func,
-        continuous_batching=continuous_batching,
-        environments=environments,
-        processes=processes,
-        engine_topk=engine_topk,
-    )
-    refuse_unsupported(generator, run)
-
-
-def refuse_unsupported(generator: str, run: AheadRun) -> None:
-    """Raise a ``ValueError`` naming what of ``run`` the generator registered as ``generator`` cannot sample."""
-    found = generator_backend(generator).unsupported(run)
-    if found:
-        raise ValueError(f"async_generator={generator!r} does not support {'; '.join(found)}.")
+def generator_refusal(host: AsyncRolloutHost) -> str | None:
+    """What of ``host``'s run its generator cannot sample as TRL's ``_generate`` would, each named with its way out
+    (``None``: it can sample all of it). Everything else TRL's generation reads (``generation_kwargs``, ``top_p``,
+    ``top_k``, ``min_p``, ``repetition_penalty``, ``cache_implementation``, the chat template and its kwargs) reaches
+    the worker through the trainer's ``generation_config`` and tokenized prompts, or the server through TRL's own
+    sampling parameters."""
+    return GENERATORS.refusal(host.args.async_generator, ahead_run(host))

@@ -4,10 +4,9 @@ sampled in the training process, by the trainer's own model with the behaviour w
 Where nothing needs a batch of step ``g`` sampled only at step ``g``, :class:`InProcessGenerator` samples each batch
 as soon as its behaviour weights exist (the batch of step ``g + k`` at step ``g``) and keeps it until its step: the
 same batches as the worker process gives (each call carries its own seed), without an overlap in time. Where TRL's own
-``_generate`` samples (vLLM, tools or environments, a vision-language model, a ``rollout_func``, transformers'
-continuous batching, more or less than one generation per optimizer step) or a snapshot is kept anyway, the run
-samples each batch at its step through TRL's generation with the weights of ``k`` steps earlier swapped in
-(:meth:`InlineGenerator.step_time_reason`): the pipeline keeps the last ``k + 1`` snapshots instead of batches.
+``_generate`` samples (the runs its declaration lists: ``trl_reasoning.async_generators``, ``trl_samples_where``) or
+a snapshot is kept anyway, the run samples each batch at its step through TRL's generation with the weights of ``k``
+steps earlier swapped in: the pipeline keeps the last ``k + 1`` snapshots instead of batches.
 """
 
 from __future__ import annotations
@@ -17,9 +16,9 @@ from collections.abc import Callable
 
 from .ahead import seeded_sampling
 from .behaviour import ModelSwap
-from .generators import GeneratorBackend, register_generator
 from .hf_sampling import sample, sampling_settings
 from .protocols import AsyncRolloutHost, GenerationJob, GeneratorResult, WeightTransport
+from .starts import register_generator
 
 
 class InProcessGenerator:
@@ -91,34 +90,7 @@ def sample_in_process(host: AsyncRolloutHost, job: GenerationJob) -> tuple[list[
 
 
 @register_generator("inline")
-class InlineGenerator(GeneratorBackend):
-    """The training process samples: ahead with :class:`InProcessGenerator` where nothing keeps snapshots, else at each
-    step through TRL's own generation with the behaviour weights swapped in."""
-
-    samples_ahead_with_snapshots = False
-
-    @staticmethod
-    def start(host: AsyncRolloutHost, model_swap: WeightTransport) -> Callable[[], InProcessGenerator]:
-        return lambda: InProcessGenerator(lambda job: sample_in_process(host, job), model_swap)
-
-    @staticmethod
-    def step_time_reason(host: AsyncRolloutHost) -> str | None:
-        """Where TRL's own ``_generate`` samples (vLLM, tools or environments, a vision-language model, a
-        ``rollout_func``, transformers' continuous batching, more or less than one generation per optimizer step)."""
-        args = host.args
-        trl_samples = (
-            (host.use_vllm, "use_vllm=True"),
-            (
-                getattr(args, "use_transformers_continuous_batching", False),
-                "use_transformers_continuous_batching=True",
-            ),
-            (bool(host.tools) or host.environment_factories is not None, "tools or environments"),
-            (host._is_vlm, "a vision-language model"),
-            (host.rollout_func is not None, "a rollout_func"),
-            (
-                args.steps_per_generation * host.num_iterations != args.gradient_accumulation_steps,
-                "more or less than one generation per optimizer step",
-            ),
-        )
-        found = [what for bad, what in trl_samples if bad]
-        return f"TRL's own generation samples each batch at its step ({', '.join(found)})" if found else None
+def start_inline_generator(host: AsyncRolloutHost, model_swap: WeightTransport) -> Callable[[], InProcessGenerator]:
+    """The training process samples ahead with :class:`InProcessGenerator` (where the run keeps no snapshots; else the
+    pipeline leaves each batch to TRL's own generation at its step, with the behaviour weights swapped in)."""
+    return lambda: InProcessGenerator(lambda job: sample_in_process(host, job), model_swap)

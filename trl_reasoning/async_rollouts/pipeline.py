@@ -15,8 +15,9 @@ The parts, one module each: the behaviour weights and their checkpoint files (``
 ``ModelSwap``, ``write_atomically``, ``resume_shortfall``, ``restart_pipeline``), the run's checks (``checks``:
 whether it can be asynchronous, whether it keeps snapshots or sampled batches, what its generator cannot sample
 ahead), the read-ahead pipeline (``ahead``: ``ReadAhead``, ``AheadPipeline``, ``job_seed``), and the generators,
-registered by name in ``generators`` (``inline_generator``, ``process_generator``, ``server_generator``), with
-HF ``generate`` sampling in ``hf_sampling``. Each name is imported from the module that defines it.
+declared in ``trl_reasoning.async_generators`` and started by the functions registered in ``starts``
+(``inline_generator``, ``process_generator``, ``server_generator``), with HF ``generate`` sampling in
+``hf_sampling``. Each name is imported from the module that defines it.
 
 Seams (``trl_reasoning.async_rollouts.protocols``): :class:`AsyncRollouts` reads and writes its trainer only through
 the members ``AsyncRolloutHost`` names (with ``VLLMBackendHost`` or ``GenerateBackendHost``); ``AheadPipeline``
@@ -37,6 +38,7 @@ from typing import Any
 import torch
 
 from ..algorithms.importance_sampling import weight_share_changed
+from ..async_generators import GENERATORS
 from ..utils.user_warnings import user_stacklevel
 from .ahead import AheadPipeline, job_seed, seeded_sampling
 from .behaviour import (
@@ -52,18 +54,12 @@ from .behaviour import (
     trainable_parameters,
     write_atomically,
 )
-from .checks import (
-    ahead_run,
-    async_rollouts_problem,
-    refuse_unsupported,
-    resolve_async_rollouts,
-    snapshots_needed_by,
-)
+from .checks import async_rollouts_problem, generator_refusal, resolve_async_rollouts, snapshots_needed_by
 from .episodes import AheadEpisodes
-from .generators import generator_backend
 from .hf_sampling import padded_batch
 from .protocols import AsyncRolloutHost
 from .sampler_logps import completion_logps, sampled_logps_recorded
+from .starts import generator_start
 
 __all__ = ["AsyncRollouts", "async_rollouts_for", "importance_weight_share_changed"]
 
@@ -79,8 +75,9 @@ def importance_weight_share_changed(
 
 def async_rollouts_for(host: AsyncRolloutHost, sampler_problem: str | None = None) -> AsyncRollouts | None:
     """The asynchronous side of ``host``'s rollouts, or ``None`` when it trains synchronously (``async_rollouts``:
-    ``True`` is an error where the run cannot, ``None`` is on where it can and a warning where it cannot).
-    ``sampler_problem``: why the sampler's log-probabilities cannot be compared with the policy's (its settings)."""
+    ``True`` is an error where the run cannot, ``None`` is on where it can and a warning where it cannot; what the
+    chosen generator refuses counts as what the run cannot). ``sampler_problem``: why the sampler's log-probabilities
+    cannot be compared with the policy's (its settings)."""
     zero_stage = getattr(getattr(host.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0)
     problem = (
         async_rollouts_problem(
@@ -90,7 +87,10 @@ def async_rollouts_for(host: AsyncRolloutHost, sampler_problem: str | None = Non
         )
         or sampler_problem
     )
-    on = resolve_async_rollouts(host.args.async_rollouts, problem, type(host.args).__name__)
+    refusal = generator_refusal(host) if host.args.async_rollouts is not False else None
+    if problem is None and refusal is not None and host.args.async_rollouts is True:
+        raise ValueError(refusal)  # the generator's own words, as the config says them at construction
+    on = resolve_async_rollouts(host.args.async_rollouts, problem or refusal, type(host.args).__name__)
     return AsyncRollouts(host) if on else None
 
 
@@ -123,20 +123,18 @@ class AsyncRollouts:
         )
         #: The episodes of environments for the batches sampled ahead, started at their submission.
         self.episodes = AheadEpisodes(host)
-        backend = generator_backend(host.args.async_generator)
-        samples_ahead = backend.samples_ahead_with_snapshots or self.snapshot_reason is None
+        samples_ahead = GENERATORS.get(host.args.async_generator).samples_ahead or self.snapshot_reason is None
         self.pipeline = self._ahead_pipeline() if samples_ahead else None
         if self.pipeline is not None:
             host.add_callback(self.pipeline)
 
     def _ahead_pipeline(self) -> AheadPipeline:
         """The pipeline that samples ahead, with the generator registered under ``async_generator``
-        (``trl_reasoning.async_rollouts.generators``), after checking the run fits it."""
+        (``trl_reasoning.async_rollouts.starts``; :func:`async_rollouts_for` has checked that it can sample the run)."""
         host, args = self.host, self.host.args
-        refuse_unsupported(args.async_generator, ahead_run(host))
         return AheadPipeline(
             self.behaviour,
-            start_generator=generator_backend(args.async_generator).start(host, self.model_swap),
+            start_generator=generator_start(args.async_generator)(host, self.model_swap),
             prepare=self.episodes.prepare,
             seed_of=lambda step: job_seed(args.seed, step, 0, host.accelerator.process_index),
             current_weights=lambda: trainable_parameters(host.model),

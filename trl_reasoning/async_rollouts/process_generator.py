@@ -38,15 +38,8 @@ from typing import Any
 
 import torch
 
-from ..algorithms.async_generators import MORE_OR_LESS_THAN_ONE_GENERATION
 from ..models.varlen_attention import base_implementation
 from .behaviour import host_snapshot
-from .generators import (
-    A_ROLLOUT_FUNC,
-    AheadRun,
-    GeneratorBackend,
-    register_generator,
-)
 from .hf_sampling import SamplingSettings, sample, sampling_settings
 from .protocols import (
     AsyncRolloutHost,
@@ -57,6 +50,7 @@ from .protocols import (
     VersionGate,
     WeightTransport,
 )
+from .starts import register_generator
 
 
 @dataclasses.dataclass
@@ -467,33 +461,14 @@ def generator_log(output_dir: str | None, process_index: int) -> str | None:
 
 
 @register_generator("process")
-class ProcessGenerator(GeneratorBackend):
+def start_process_generator(host: AsyncRolloutHost, model_swap: WeightTransport) -> Callable[[], GeneratorProcess]:
     """A :class:`GeneratorProcess` with its own copy of the model samples the next ``k`` batches with HF ``generate``
-    while the trainer trains."""
+    while the trainer trains (the worker loads the weights it is sent, so ``model_swap`` is not used)."""
+    args = host.args
+    settings = sampling_settings(host)
 
-    @staticmethod
-    def start(host: AsyncRolloutHost, model_swap: WeightTransport) -> Callable[[], GeneratorProcess]:
-        args = host.args
-        settings = sampling_settings(host)
+    def start_generator() -> GeneratorProcess:
+        log_path = generator_log(args.output_dir, host.accelerator.process_index)
+        return GeneratorProcess(host.model, settings, args.async_timeout, log_path=log_path)
 
-        def start_generator() -> GeneratorProcess:
-            log_path = generator_log(args.output_dir, host.accelerator.process_index)
-            return GeneratorProcess(host.model, settings, args.async_timeout, log_path=log_path)
-
-        return start_generator
-
-    @staticmethod
-    def unsupported(run: AheadRun) -> list[str]:
-        problems = (
-            (run.uses_vllm, "use_vllm=True (vLLM is its own engine: use async_generator='server' or 'inline')"),
-            (run.vision_language, "a vision-language model"),
-            (not run.one_generation_per_step, MORE_OR_LESS_THAN_ONE_GENERATION),
-            (run.quantized, "a bitsandbytes-quantized model"),
-            (run.rollout_func, A_ROLLOUT_FUNC),
-            (
-                run.continuous_batching,
-                "use_transformers_continuous_batching=True (or use_transformers_paged; the worker samples with HF "
-                "generate: set it False, or use async_generator='inline')",
-            ),
-        )
-        return [what for bad, what in problems if bad]
+    return start_generator

@@ -41,14 +41,7 @@ from typing import Any
 
 from accelerate.utils import broadcast_object_list, gather_object
 
-from ..algorithms.async_generators import MORE_OR_LESS_THAN_ONE_GENERATION
 from ..algorithms.logprobs import engine_sampled_logprobs
-from .generators import (
-    A_ROLLOUT_FUNC,
-    AheadRun,
-    GeneratorBackend,
-    register_generator,
-)
 from .protocols import (
     AsyncRolloutHost,
     GenerationJob,
@@ -58,6 +51,7 @@ from .protocols import (
     VersionGate,
     WeightTransport,
 )
+from .starts import register_generator
 
 #: ``VLLMGeneration`` attributes that give the sampling parameters of a request, read as its ``generate`` reads them.
 SAMPLING_ATTRIBUTES = (
@@ -385,46 +379,18 @@ def push_behaviour_weights(host: AsyncRolloutHost, model_swap: WeightTransport, 
 
 
 @register_generator("server")
-class VLLMServerGenerator(GeneratorBackend):
-    """A :class:`ServerGenerator`: TRL's vLLM server, pushed each batch's behaviour weights and sent its prompts ahead
-    of the trainer."""
+def start_server_generator(host: AsyncRolloutHost, model_swap: WeightTransport) -> Callable[[], ServerGenerator]:
+    """A :class:`ServerGenerator`: TRL's vLLM server, pushed each batch's behaviour weights (put in the trainer's model
+    by ``model_swap``, sent from there by TRL's weight sync) and sent its prompts ahead of the trainer."""
+    args = host.args
 
-    @staticmethod
-    def start(host: AsyncRolloutHost, model_swap: WeightTransport) -> Callable[[], ServerGenerator]:
-        args = host.args
-
-        def start_generator() -> ServerGenerator:
-            return ServerGenerator(
-                vllm_generation=host.vllm_generation,
-                accelerator=host.accelerator,
-                push_weights=lambda weights: push_behaviour_weights(host, model_swap, weights),
-                num_generations=host.num_generations,
-                timeout=args.async_timeout,
-            )
-
-        return start_generator
-
-    @staticmethod
-    def unsupported(run: AheadRun) -> list[str]:
-        problems = (
-            (
-                not run.uses_vllm or run.vllm_mode != "server",
-                f"use_vllm={run.uses_vllm}, vllm_mode={run.vllm_mode!r} (it sends requests to TRL's vLLM server: set "
-                "use_vllm=True, vllm_mode='server')",
-            ),
-            (
-                run.tools and run.processes > 1,
-                "tools or environments with more than one training process (each process's tool loop asks for its "
-                "later turns on its own, while the server's requests are gathered from every process: train on one "
-                "process, or use async_generator='inline')",
-            ),
-            (
-                run.tools and run.engine_topk,
-                "tools or environments with DPPO's top-K divergence (the server's top-K of the turns after the first "
-                "is not kept with the batch: use async_generator='inline')",
-            ),
-            (run.vision_language, "a vision-language model (its image features are not sent ahead)"),
-            (not run.one_generation_per_step, MORE_OR_LESS_THAN_ONE_GENERATION),
-            (run.rollout_func, A_ROLLOUT_FUNC),
+    def start_generator() -> ServerGenerator:
+        return ServerGenerator(
+            vllm_generation=host.vllm_generation,
+            accelerator=host.accelerator,
+            push_weights=lambda weights: push_behaviour_weights(host, model_swap, weights),
+            num_generations=host.num_generations,
+            timeout=args.async_timeout,
         )
-        return [what for bad, what in problems if bad]
+
+    return start_generator
