@@ -1,9 +1,12 @@
-"""Print (or, with ``--write``, update) the table of the presets (``trl_reasoning.presets.tables.presets_markdown``: each
-preset's advantage, objective, aggregation and other defaults, read from ``PRESETS`` and the configs).
+"""Print (or, with ``--write``, update) the two tables of the presets, read from ``PRESETS``, the configs and the
+registries: the README's (``trl_reasoning.presets.tables.presets_markdown``: each preset's advantage, objective,
+aggregation and other defaults) and docs/algorithms.md's (``preset_pieces_markdown``: each piece the preset chooses,
+with the defaults it sets for it).
 
 Run ``python scripts/presets_table.py --write`` after adding a preset or changing one's defaults: it rewrites the lines
-between the ``<!-- presets:start -->`` and ``<!-- presets:end -->`` markers of whichever of README.md and docs/*.md
-holds them; ``tests/presets/test_presets_list.py`` checks that they agree. Without ``--write`` it prints the table.
+between the ``<!-- presets:start -->`` / ``<!-- presets:end -->`` and the ``<!-- preset-pieces:start -->`` /
+``<!-- preset-pieces:end -->`` markers of whichever of README.md and docs/*.md holds them;
+``tests/presets/test_presets_list.py`` checks that they agree. Without ``--write`` it prints the tables.
 """
 
 from __future__ import annotations
@@ -12,10 +15,13 @@ import sys
 
 from marker_blocks import write_block
 
-from trl_reasoning.presets.tables import presets_markdown
+from trl_reasoning.presets.tables import preset_pieces_markdown, presets_markdown
+
+BLOCKS = {"presets": presets_markdown, "preset-pieces": preset_pieces_markdown}
 
 if __name__ == "__main__":
-    if "--write" in sys.argv[1:]:
-        print(f"wrote the table into {write_block('presets', presets_markdown())}")
-    else:
-        print(presets_markdown(), end="")
+    for name, table in BLOCKS.items():
+        if "--write" in sys.argv[1:]:
+            print(f"wrote the table {name} into {write_block(name, table())}")
+        else:
+            print(f"<!-- {name} -->\n{table()}")

@@ -14,7 +14,8 @@ import trl_reasoning as tr
 from trl_reasoning import presets
 from trl_reasoning.config import ReasoningConfig
 from trl_reasoning.presets import PRESETS, Preset, preset
-from trl_reasoning.presets.tables import presets_markdown, sources_markdown
+from trl_reasoning.presets.provenance import preset_sources
+from trl_reasoning.presets.tables import PIECE_COLUMNS, preset_pieces_markdown, presets_markdown, sources_markdown
 from trl_reasoning.trainer.base import ReasoningTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,6 +107,31 @@ def test_the_sources_table_is_generated_from_the_list():
     path, block = marker_blocks.read_block("preset-sources")
     expected = sources_markdown([entry.config_class for entry in PRESETS])
     assert block == expected, f"run `python scripts/sources_table.py --write` (the block is in {path.name})"
+
+
+#: The fields that name a piece: the table shows the name, not ``field=value``.
+_PIECES = ("advantage_estimator", "policy_loss", "loss_aggregation", "group_selection")
+
+
+def test_the_pieces_table_of_the_algorithms_page_is_generated_from_the_list():
+    path, block = marker_blocks.read_block("preset-pieces")
+    assert path.name == "algorithms.md"
+    assert block == preset_pieces_markdown(), "run `python scripts/presets_table.py --write`"
+    named = {name for piece, fields in PIECE_COLUMNS.values() for name in (piece, *fields) if name is not None}
+    assert named <= set(ReasoningConfig.__dataclass_fields__), "a column names a field the config does not have"
+    for entry in PRESETS:
+        defaults = entry.defaults()
+        row = next(line for line in block.splitlines() if line.startswith(f"| `{entry.config_class.__name__}` |"))
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert len(cells) == 8 and f"arXiv {entry.paper_id}" in cells[-1]
+        for cell, piece in zip(cells[1:4], _PIECES[:3], strict=True):
+            assert cell.startswith(f"`{defaults[piece]}`"), (entry.name, cell)
+        for name, (value, _) in preset_sources(entry.config_class).items():  # each sourced default, once
+            assert row.count(f"`{name}={value!r}`") == (name not in _PIECES), name
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in block.splitlines()[2:]}
+    assert "`beta=0.05`" in rows["`RLOOConfig`"][3]  # KL in the reward: reward shaping
+    assert "`beta=0.01`" in rows["`ReinforcePPConfig`"][0]  # KL in the return: the advantage
+    assert "`beta=0.0`" in rows["`DAPOConfig`"][5] and "`dynamic`" in rows["`DAPOConfig`"][4]  # the loss's: other
 
 
 def test_a_block_is_found_in_the_readme_or_docs_and_rewritten_in_place(tmp_path):

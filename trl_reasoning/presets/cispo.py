@@ -65,8 +65,8 @@ class CISPOTrainer(ReasoningTrainer):
     """CISPO on TRL's GRPO machinery; takes `GRPOTrainer`'s arguments with a [`CISPOConfig`]."""
 
     config_class = CISPOConfig
-    _tag_names = ["trl", "trl-reasoning", "cispo"]
     _name = "CISPO"
+    _tag = "cispo"
     paper = Paper(
         key="minimax2025minimaxm1",
         title="MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention",
@@ -74,4 +74,3 @@ class CISPOTrainer(ReasoningTrainer):
         year=2025,
         arxiv_id="2506.13585",
     )
-    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

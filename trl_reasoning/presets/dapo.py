@@ -70,8 +70,8 @@ class DAPOTrainer(ReasoningTrainer):
     """DAPO on TRL's GRPO machinery; takes `GRPOTrainer`'s arguments with a [`DAPOConfig`]."""
 
     config_class = DAPOConfig
-    _tag_names = ["trl", "trl-reasoning", "dapo"]
     _name = "DAPO"
+    _tag = "dapo"
     paper = Paper(
         key="yu2025dapo",
         title="DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
@@ -79,4 +79,3 @@ class DAPOTrainer(ReasoningTrainer):
         year=2025,
         arxiv_id="2503.14476",
     )
-    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

@@ -65,8 +65,8 @@ class DPPOTrainer(ReasoningTrainer):
     """DPPO on TRL's GRPO machinery; takes `GRPOTrainer`'s arguments with a [`DPPOConfig`]."""
 
     config_class = DPPOConfig
-    _tag_names = ["trl", "trl-reasoning", "dppo"]
     _name = "DPPO"
+    _tag = "dppo"
     paper = Paper(
         key="qi2026rethinking",
         title="Rethinking the Trust Region in LLM Reinforcement Learning",
@@ -74,4 +74,3 @@ class DPPOTrainer(ReasoningTrainer):
         year=2026,
         arxiv_id="2602.04879",
     )
-    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

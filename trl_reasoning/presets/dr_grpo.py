@@ -44,8 +44,8 @@ class DrGRPOTrainer(ReasoningTrainer):
     """Dr. GRPO on TRL's GRPO machinery; takes `GRPOTrainer`'s arguments with a [`DrGRPOConfig`]."""
 
     config_class = DrGRPOConfig
-    _tag_names = ["trl", "trl-reasoning", "dr-grpo"]
     _name = "Dr. GRPO"
+    _tag = "dr-grpo"
     paper = Paper(
         key="liu2025understanding",
         title="Understanding R1-Zero-Like Training: A Critical Perspective",
@@ -54,4 +54,3 @@ class DrGRPOTrainer(ReasoningTrainer):
         year=2025,
         arxiv_id="2503.20783",
     )
-    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

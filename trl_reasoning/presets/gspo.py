@@ -107,8 +107,8 @@ class GSPOTrainer(ReasoningTrainer):
     """GSPO on TRL's GRPO machinery; takes `GRPOTrainer`'s arguments with a [`GSPOConfig`]."""
 
     config_class = GSPOConfig
-    _tag_names = ["trl", "trl-reasoning", "gspo"]
     _name = "GSPO"
+    _tag = "gspo"
     paper = Paper(
         key="zheng2025gspo",
         title="Group Sequence Policy Optimization",
@@ -117,4 +117,3 @@ class GSPOTrainer(ReasoningTrainer):
         year=2025,
         arxiv_id="2507.18071",
     )
-    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

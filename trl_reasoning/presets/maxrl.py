@@ -53,8 +53,8 @@ class MaxRLTrainer(ReasoningTrainer):
     """MaxRL on TRL's GRPO machinery; takes `GRPOTrainer`'s arguments with a [`MaxRLConfig`]."""
 
     config_class = MaxRLConfig
-    _tag_names = ["trl", "trl-reasoning", "maxrl"]
     _name = "MaxRL"
+    _tag = "maxrl"
     paper = Paper(
         key="tajwar2026maximum",
         title="Maximum Likelihood Reinforcement Learning",
@@ -63,4 +63,3 @@ class MaxRLTrainer(ReasoningTrainer):
         year=2026,
         arxiv_id="2602.02710",
     )
-    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

@@ -115,8 +115,8 @@ class ProRLTrainer(ReasoningTrainer):
     """ProRL on TRL's GRPO machinery; takes `GRPOTrainer`'s arguments with a [`ProRLConfig`]."""
 
     config_class = ProRLConfig
-    _tag_names = ["trl", "trl-reasoning", "prorl"]
     _name = "ProRL"
+    _tag = "prorl"
     paper = Paper(
         key="liu2025prorl",
         title="ProRL: Prolonged Reinforcement Learning Expands Reasoning Boundaries in Large Language Models",
@@ -125,4 +125,3 @@ class ProRLTrainer(ReasoningTrainer):
         year=2025,
         arxiv_id="2505.24864",
     )
-    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

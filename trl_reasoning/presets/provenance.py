@@ -3,8 +3,9 @@ preset's default and records its source (the paper's section or equation, the au
 :class:`Paper` is the paper a preset implements, from which the model card's BibTeX is derived.
 
 Every preset module uses both: its config dataclass declares ``preset_default(...)`` fields under
-``@document_sources``, and its trainer declares ``paper = Paper(...)`` and ``_paper = paper.trl_paper()`` (the dict
-TRL's model card reads). The tables built from them are in :mod:`trl_reasoning.presets.tables`.
+``@document_sources``, and its trainer declares ``paper = Paper(...)``, from which ``ReasoningTrainer`` derives
+``_paper = paper.trl_paper()`` (the dict TRL's model card reads). The tables built from them are in
+:mod:`trl_reasoning.presets.tables`.
 """
 
 from __future__ import annotations

@@ -104,8 +104,8 @@ class ReinforcePPTrainer(ReasoningTrainer):
     """REINFORCE++ on TRL's GRPO machinery; takes `GRPOTrainer`'s arguments with a [`ReinforcePPConfig`]."""
 
     config_class = ReinforcePPConfig
-    _tag_names = ["trl", "trl-reasoning", "reinforce-pp"]
     _name = "REINFORCE++"
+    _tag = "reinforce-pp"
     paper = Paper(
         key="hu2025reinforce",
         title="REINFORCE++: Stabilizing Critic-Free Policy Optimization with Global Normalization",
@@ -113,4 +113,3 @@ class ReinforcePPTrainer(ReasoningTrainer):
         year=2025,
         arxiv_id="2501.03262",
     )
-    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

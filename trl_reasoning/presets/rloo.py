@@ -59,8 +59,8 @@ class RLOOTrainer(ReasoningTrainer):
     """RLOO on TRL's GRPO machinery; takes `GRPOTrainer`'s arguments with an [`RLOOConfig`]."""
 
     config_class = RLOOConfig
-    _tag_names = ["trl", "trl-reasoning", "rloo"]
     _name = "RLOO"
+    _tag = "rloo"
     paper = Paper(
         key="ahmadian2024back",
         title="Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs",
@@ -69,4 +69,3 @@ class RLOOTrainer(ReasoningTrainer):
         year=2024,
         arxiv_id="2402.14740",
     )
-    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

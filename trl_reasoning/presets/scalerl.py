@@ -73,8 +73,8 @@ class ScaleRLTrainer(ReasoningTrainer):
     """The ScaleRL recipe on TRL's GRPO machinery; takes `GRPOTrainer`'s arguments with a [`ScaleRLConfig`]."""
 
     config_class = ScaleRLConfig
-    _tag_names = ["trl", "trl-reasoning", "scalerl"]
     _name = "ScaleRL"
+    _tag = "scalerl"
     paper = Paper(
         key="khatri2025scalerl",
         title="The Art of Scaling Reinforcement Learning Compute for LLMs",
@@ -82,4 +82,3 @@ class ScaleRLTrainer(ReasoningTrainer):
         year=2025,
         arxiv_id="2510.13786",
     )
-    _paper = paper.trl_paper()  # what TRL's model card reads: title, id, citation (the BibTeX)

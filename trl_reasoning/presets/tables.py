@@ -4,6 +4,8 @@ compares every page's block with its function; ``scripts/`` rewrites the blocks)
 - :func:`variant_fields_markdown`: docs/configuration.md's variants (from the registries: their descriptions, traits
   and fields), the variants' own fields and what each trait means (from the traits dataclasses);
 - :func:`presets_markdown`: the README's table of the presets (from ``PRESETS`` and the configs);
+- :func:`preset_pieces_markdown`: the table of the presets in docs/algorithms.md#presets, piece by piece (from
+  ``PRESETS``, the configs and the registries);
 - :func:`sources_markdown`: docs/presets.md's table of every preset default and its source
   (:func:`trl_reasoning.presets.provenance.preset_default` records them).
 """
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from types import SimpleNamespace
 from typing import Any
 
+from ..algorithms.group_selection import resolve_group_selection
 from ..algorithms.registry import Registry
 from ..config import VARIANT_FIELDS, VARIANT_REGISTRIES, ReasoningConfig
 from . import PRESETS
@@ -114,4 +118,93 @@ def presets_markdown() -> str:
             f"| `{entry.name}` | `{entry.trainer_class.__name__}` / `{entry.config_class.__name__}` | {entry.summary} "
             f"| {pieces} | {', '.join(others)} | [arXiv {entry.paper_id}](https://arxiv.org/abs/{entry.paper_id}) |"
         )
+    return "\n".join(rows) + "\n"
+
+
+#: The columns of the presets' table (docs/algorithms.md#presets) between the preset and "other": the field that
+#: names the column's piece (``None``: the column has none), and the other fields whose preset defaults the column
+#: shows (with every field the piece's registry declares, ``Registry.declared_fields``). A default of no column goes
+#: under "other".
+PIECE_COLUMNS: dict[str, tuple[str | None, tuple[str, ...]]] = {
+    "advantage": ("advantage_estimator", ("scale_rewards", "normalize_advantages")),
+    "objective": ("policy_loss", ("epsilon", "epsilon_high", "delta", "importance_sampling_level", "ratio_anchor")),
+    "aggregation": ("loss_aggregation", ()),
+    "reward shaping": (
+        None,
+        (
+            "multi_objective_aggregation",
+            "reward_weights",
+            "reward_clip_range",
+            "overlong_cache_length",
+            "kl_in_reward",
+        ),
+    ),
+    "group selection": (
+        "group_selection",
+        (
+            "dynamic_sampling",
+            "zero_variance_filtering",
+            "positive_resampling_threshold",
+            "task_reward_funcs",
+            "task_pass_threshold",
+        ),
+    ),
+}
+#: The advantage estimators' traits the table names beside the estimator: what it asks of the rewards, the shape of
+#: its advantages and where ``beta``'s KL goes.
+SHOWN_ESTIMATOR_TRAITS = ("binary_rewards", "token_level", "kl_in_return")
+
+
+def _column_of(name: str, defaults: dict[str, Any]) -> str:
+    """The column of the table of docs/algorithms.md#presets that shows the preset default ``name``. ``beta`` goes
+    where its KL is: the reward with ``kl_in_reward``, the advantage with a ``kl_in_return`` estimator, else the loss
+    ("other")."""
+    if name == "beta":
+        if defaults["kl_in_reward"]:
+            return "reward shaping"
+        estimator = VARIANT_REGISTRIES["advantage_estimator"].traits(defaults["advantage_estimator"])
+        return "advantage" if estimator.kl_in_return else "other"
+    for column, (piece_field, fields) in PIECE_COLUMNS.items():
+        registry = VARIANT_REGISTRIES.get(piece_field or "")
+        if name in fields or (registry is not None and name in registry.declared_fields()):
+            return column
+    return "other"
+
+
+def _piece_name(column: str, defaults: dict[str, Any]) -> str | None:
+    """The variant the preset's defaults choose for ``column`` (``None`` for a column with no piece), as a cell
+    entry; the advantage estimator with its traits of ``SHOWN_ESTIMATOR_TRAITS``."""
+    piece_field = PIECE_COLUMNS[column][0]
+    if piece_field is None:
+        return None
+    if piece_field == "group_selection":
+        return f"`{resolve_group_selection(SimpleNamespace(**defaults))}`"
+    name = defaults[piece_field]
+    if piece_field != "advantage_estimator":
+        return f"`{name}`"
+    traits = VARIANT_REGISTRIES[piece_field].traits(name)
+    shown = [f"`{trait}`" for trait in SHOWN_ESTIMATOR_TRAITS if getattr(traits, trait)]
+    return f"`{name}` ({', '.join(shown)})" if shown else f"`{name}`"
+
+
+def preset_pieces_markdown() -> str:
+    """The table of docs/algorithms.md#presets: for each preset, the piece it chooses in every column and the
+    defaults it sets for that piece (``field=value``, the sourced ones, as ``preset_default`` records them), the rest
+    under "other", and its paper; from ``PRESETS``, the configs and the registries, so it cannot drift from the
+    code."""
+    columns = [*PIECE_COLUMNS, "other"]
+    rows = [f"| preset | {' | '.join(columns)} | paper |", "|---" * (len(columns) + 2) + "|"]
+    naming = {piece_field for piece_field, _ in PIECE_COLUMNS.values()}
+    for entry in PRESETS:
+        defaults = entry.defaults()
+        cells: dict[str, list[str]] = {column: [] for column in columns}
+        for column in PIECE_COLUMNS:
+            piece = _piece_name(column, defaults)
+            cells[column] += [piece] if piece is not None else []
+        for name, (value, _) in preset_sources(entry.config_class).items():
+            if name not in naming:
+                cells[_column_of(name, defaults)].append(f"`{name}={value!r}`")
+        text = " | ".join(", ".join(cells[column]) or "none" for column in columns)
+        paper = f"[arXiv {entry.paper_id}]({entry.paper.url})"
+        rows.append(f"| `{entry.config_class.__name__}` | {text} | {paper} |")
     return "\n".join(rows) + "\n"

@@ -143,8 +143,22 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
     """
 
     config_class: type[ReasoningConfig] = ReasoningConfig
+    # What TRL's model card reads: the tags, the name and (inherited from GRPOTrainer here) the paper dict. A preset
+    # sets ``_name``, ``_tag`` (its own tag) and ``paper`` (``presets.provenance.Paper``); ``__init_subclass__``
+    # derives ``_tag_names`` and ``_paper`` from them.
     _tag_names = ["trl", "trl-reasoning"]
     _name = "trl-reasoning"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that sets ``_tag`` gets ``_tag_names`` = these tags plus it, and one that sets ``paper`` gets
+        ``_paper = paper.trl_paper()``, unless it sets them itself; one that sets neither keeps its parent's (a user's
+        ``class MyDAPO(DAPOTrainer): pass`` is still DAPO on the model card)."""
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        if "_tag" in own and "_tag_names" not in own:
+            cls._tag_names = [*ReasoningTrainer._tag_names, cls._tag]
+        if "paper" in own and "_paper" not in own:
+            cls._paper = cls.paper.trl_paper()
 
     # DPPO's engine top-K, a member of ``AsyncRolloutHost`` (the asynchronous rollouts append the vLLM server's):
     # read, written and deleted on the top-K part.
@@ -383,7 +397,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             self.correction.log_trl_correction(output)
         return output, rewards_per_func, lengths
 
-    # ------------------------------------------------------------------ TRL private override 7 of 10
+    # ------------------------------------------------------------------ TRL private override 3 of 10
     def _generate(self, prompts):
         """TRL's, or with asynchronous rollouts ``AsyncRollouts.generate``: the behaviour policy samples a training
         batch and its log-probabilities are recorded; tool calls guarded (``tool_calls``). It assumes no state TRL's
@@ -392,7 +406,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             rollouts = getattr(self, "async_rollouts", None)
             return super()._generate(prompts) if rollouts is None else rollouts.generate(prompts)
 
-    # ------------------------------------------------------------------ TRL private override 10 of 10
+    # ------------------------------------------------------------------ TRL private override 4 of 10
     def _generate_single_turn(self, prompt_ids, *args, **kwargs):
         """TRL's, or a later turn of a batch a generator process sampled ahead (TRL's tool loop): by that generator,
         with the batch's behaviour weights (``AsyncRollouts.later_turn``)."""
@@ -400,7 +414,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         turn = None if rollouts is None else rollouts.later_turn(prompt_ids)
         return super()._generate_single_turn(prompt_ids, *args, **kwargs) if turn is None else turn
 
-    # ------------------------------------------------------------------ TRL private override 8 of 10
+    # ------------------------------------------------------------------ TRL private override 5 of 10
     def _get_per_token_logps_and_entropies(
         self,
         model,
@@ -521,7 +535,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             cache[model] = self.accelerator.unwrap_model(model)
         return cache[model]
 
-    # ------------------------------------------------------------------ TRL private override 9 of 10
+    # ------------------------------------------------------------------ TRL private override 6 of 10
     def _prepare_inputs(self, generation_batch):
         """TRL's; with ``padding_free`` the micro-batches of a fresh generation batch are rebalanced by real tokens
         within each optimizer step (``PaddingFree.balanced``: each step's gradient is unchanged)."""
@@ -532,7 +546,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         self._buffered_inputs = self.packing.balanced(self._buffered_inputs)
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
-    # ------------------------------------------------------------------ TRL private override 4 of 10
+    # ------------------------------------------------------------------ TRL private override 7 of 10
     def _get_train_sampler(self, dataset=None):
         """TRL's ``RepeatSampler`` order (epoch 0 is the same permutation), made a function of the epoch so that a
         resumed run sees the same prompts, and skipping retired prompts (see ``EpochRepeatSampler``)."""
@@ -548,7 +562,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             shuffle=self.shuffle_dataset,
         )
 
-    # ------------------------------------------------------------------ TRL private overrides 5 and 6 of 10
+    # ------------------------------------------------------------------ TRL private override 8 of 10
     def _save_checkpoint(self, model, trial):
         # The sampling state goes in first, atomically: the Trainer writes trainer_state.json last (then starts the hub
         # push), so a checkpoint whose trainer_state.json reads always holds its whole sampling state.
@@ -572,6 +586,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
         if getattr(self, "reference_reset", None) is not None and self.args.should_save:
             self.reference_reset.leave_adapter_out(output_dir or self.args.output_dir)
 
+    # ------------------------------------------------------------------ TRL private override 9 of 10
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None and getattr(self, "rollout", None) is not None:
@@ -641,7 +656,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             )
         return logps
 
-    # ------------------------------------------------------------------ TRL private override 3 of 10
+    # ------------------------------------------------------------------ TRL private override 10 of 10
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
         mask = loss_tokens(inputs)

@@ -29,16 +29,12 @@ SUPPORTED_TRL = (Version("1.16.0"), Version("1.17.0"))
 TRL_CHECKED_VERSION = "1.16.0"
 
 #: Every private (or semi-private) ``GRPOTrainer`` method ``trainer/base.py`` overrides or calls, with the leading
-#: parameter names (after ``self``) it relies on. Checked against TRL 1.16.0.
+#: parameter names (after ``self``) it relies on. Checked against TRL 1.16.0. The overrides come first, in the order
+#: ``trainer/base.py`` defines them: the banner "TRL private override N of ..." above each is this list's N-th entry.
 TRL_PRIVATE_API: dict[str, tuple[str, ...]] = {
-    # overridden here
+    # overridden here, in file order (banners 1 to 10)
     "_calculate_rewards": ("inputs", "prompts", "completions", "completion_ids_list"),
     "_generate_and_score_completions": ("inputs",),
-    "_compute_loss": ("model", "inputs"),
-    "_get_train_sampler": ("dataset",),
-    "_prepare_inputs": ("generation_batch",),
-    "_save_checkpoint": ("model", "trial"),
-    "_load_optimizer_and_scheduler": ("checkpoint",),
     "_generate": ("prompts",),
     "_generate_single_turn": ("prompt_ids", "images", "multimodal_fields", "num_generations"),
     "_get_per_token_logps_and_entropies": (
@@ -50,6 +46,11 @@ TRL_PRIVATE_API: dict[str, tuple[str, ...]] = {
         "compute_entropy",
         "compute_aux_loss",
     ),
+    "_prepare_inputs": ("generation_batch",),
+    "_get_train_sampler": ("dataset",),
+    "_save_checkpoint": ("model", "trial"),
+    "_load_optimizer_and_scheduler": ("checkpoint",),
+    "_compute_loss": ("model", "inputs"),
     # called from the overrides
     "get_high_entropy_mask": ("entropies", "mask", "threshold"),
     "get_off_policy_mask": ("advantages", "per_token_logps", "sampling_per_token_logps", "mask"),
