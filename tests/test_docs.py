@@ -131,3 +131,52 @@ def test_the_strict_build_fails_on_a_broken_site(tmp_path, change, expected):
     result = _build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert result.returncode != 0
     assert expected in result.stderr, result.stderr[-4000:]
+
+
+def _walk_rows() -> list[list[str]]:
+    """The rows of docs/extending.md's table of walks, as cells."""
+    text = (DOCS / "extending.md").read_text()
+    table = text.split("| to add |", 1)[1].split("\n\n", 1)[0]
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table.splitlines()[2:]]
+
+
+def _source_lines(path: str) -> int:
+    """``wc -l`` of a file the walks name, relative to the repository or to the package."""
+    for candidate in (ROOT / path, ROOT / "trl_reasoning" / path):
+        if candidate.is_file():
+            return len(candidate.read_text().splitlines())
+    raise AssertionError(f"docs/extending.md names {path}, which is not a file of the repository")
+
+
+def test_the_walks_of_extending_count_what_the_repository_holds():
+    """Each walk's "read" cell gives each file's length (a whole file within 10% of ``wc -l``, a part ``~N`` at most
+    its file) and a total whose files and lines add up; its "touch" cell lists the edits, as many as it counts, and
+    the edits of a preset are as many as the preset's own walk lists."""
+    rows = _walk_rows()
+    assert len(rows) == 5, rows
+    preset_edits = next(touch for what, _, touch, *_ in rows if what == "a preset over existing pieces").rsplit(
+        ": ", 1
+    )[1]
+    assert f"then the {preset_edits} edits of a preset" in rows[0][2]
+    for what, read, touch, *_ in rows:
+        listed = re.findall(r"`([\w/.]+\.py)`((?:(?!`[\w/.]+\.py`)[^()])*?)\((~?)([\d,]+)\)", read)
+        assert listed, f"{what}: no file with its line count in {read!r}"
+        counted = 0
+        for path, _, approximate, lines in listed:
+            lines, actual = int(lines.replace(",", "")), _source_lines(path)
+            if approximate:
+                assert lines <= actual, f"{what}: {path} has {actual} lines, fewer than the part counted ({lines})"
+            else:
+                assert abs(lines - actual) <= max(3, actual // 10), f"{what}: {path} has {actual} lines, not {lines}"
+            counted += lines
+        files, total = re.search(r"(\d+) files?, ~([\d,]+) lines$", read).groups()
+        assert int(files) == len({path for path, *_ in listed}), f"{what}: {files} files counted in {read!r}"
+        assert abs(int(total.replace(",", "")) - counted) <= counted // 10, (
+            f"{what}: {total} lines, the parts add {counted}"
+        )
+        edits, count = touch.rsplit(": ", 1)
+        # "the 7 edits of a preset below": a walk that ends in another counts that one's edits
+        listed_edits = sum(
+            int(m.group(1)) if (m := re.match(r"then the (\d+) edits", item)) else 1 for item in edits.split("; ")
+        )
+        assert int(count) == listed_edits, f"{what}: {count} edits counted in {touch!r}"
