@@ -51,7 +51,7 @@ def deep_bytes(value, seen: set[int] | None = None) -> int:
 def async_state(trainer) -> list:
     """What the asynchronous state holds, in the code being measured: the behaviour weights' snapshots and, where
     the pipeline keeps them, the sampled batches (submitted, sampled, restored)."""
-    held: list = [trainer.behaviour._snapshots]
+    held: list = [trainer.async_rollouts.behaviour._snapshots]
     pipeline = getattr(trainer, "pipeline", None)
     if pipeline is not None:
         held += [getattr(pipeline, name, None) for name in ("_jobs", "_ready", "_restored")]
@@ -95,7 +95,7 @@ def measure(lora: bool, steps: int, out: str) -> dict:
     trainer = tr.ScaleRLTrainer(
         model=model_path, reward_funcs=digit_fraction, args=args, train_dataset=dataset, peft_config=peft_config
     )
-    assert trainer.behaviour is not None and trainer.behaviour.max_staleness == 8
+    assert trainer.async_rollouts.behaviour is not None and trainer.async_rollouts.behaviour.max_staleness == 8
     peaks: list[int] = []
 
     class Peak(TrainerCallback):

@@ -49,7 +49,7 @@ def main(model: str, output_dir: str) -> None:
                     children.append((child.pid, child.status()))
             except psutil.Error:  # a zombie has no command line
                 children.append((child.pid, "gone or zombie"))
-        print(f"GENERATOR {trainer.pipeline._generator is not None}", flush=True)
+        print(f"GENERATOR {trainer.async_rollouts.pipeline._generator is not None}", flush=True)
         print(f"CHILDREN {children}", flush=True)
 
 

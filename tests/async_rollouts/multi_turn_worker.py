@@ -30,7 +30,7 @@ def main(out_dir: str) -> None:
         "processes": trainer.accelerator.num_processes,
         "episodes": sorted({record["episode"][0] for record in seen}),
         "weights": sum(float(p.detach().double().sum()) for p in trainer.model.parameters()),
-        "worker_left": trainer.pipeline._generator is not None,
+        "worker_left": trainer.async_rollouts.pipeline._generator is not None,
     }
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(report))
 

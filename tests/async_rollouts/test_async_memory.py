@@ -40,16 +40,16 @@ class KeptSnapshots(TrainerCallback):
         self.trainer = trainer
         self.kept: list[list[int]] = []
         self.weights: list[dict[str, torch.Tensor]] = []
-        record = trainer.behaviour.record
+        record = trainer.async_rollouts.behaviour.record
 
         def recorded(params):
             self.weights.append({name: p.detach().clone() for name, p in params.items()})
             return record(params)
 
-        trainer.behaviour.record = recorded
+        trainer.async_rollouts.behaviour.record = recorded
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.kept.append(self.trainer.behaviour.kept_steps)
+        self.kept.append(self.trainer.async_rollouts.behaviour.kept_steps)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_a_run_that_samples_ahead_keeps_batches_not_weights(generator, lora, tin
         save_strategy="steps",
         save_steps=3,
     )
-    assert trainer.async_rollouts.snapshot_reason is None and not trainer.behaviour.keep_all
+    assert trainer.async_rollouts.snapshot_reason is None and not trainer.async_rollouts.behaviour.keep_all
     kept = KeptSnapshots(trainer)
     trainer.add_callback(kept)
     trainer.train()
@@ -93,7 +93,7 @@ def test_a_run_that_samples_ahead_keeps_batches_not_weights(generator, lora, tin
 )
 def test_the_features_that_need_snapshots_keep_the_last_k_plus_1(overrides, reason, tiny_model_path, tmp_path):
     trainer = _trainer(tiny_model_path, tmp_path, max_steps=4, **overrides)
-    assert reason in trainer.async_rollouts.snapshot_reason and trainer.behaviour.keep_all
+    assert reason in trainer.async_rollouts.snapshot_reason and trainer.async_rollouts.behaviour.keep_all
     kept = KeptSnapshots(trainer)
     trainer.add_callback(kept)
     trainer.train()
@@ -113,7 +113,7 @@ def test_an_epoch_boundary_keeps_only_the_weights_of_the_next_epoch_s_first_batc
 
     def recorded(prompts):
         output = generate(prompts)
-        calls.append((trainer.behaviour.generation_steps - 1, output[0], output[1], output[4]))
+        calls.append((trainer.async_rollouts.behaviour.generation_steps - 1, output[0], output[1], output[4]))
         return output
 
     trainer._generate = recorded

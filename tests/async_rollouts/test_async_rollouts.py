@@ -339,14 +339,14 @@ def test_scalerl_is_asynchronous_with_k_8_by_default_and_synchronous_when_turned
         args=config_cls(**cpu_args(output_dir=str(tmp_path / "a"))),
         train_dataset=tr_prompts(),
     )
-    assert default.behaviour is not None and default.behaviour.max_staleness == 8
+    assert default.async_rollouts is not None and default.async_rollouts.behaviour.max_staleness == 8
     off = trainer_cls(
         model=tiny_model_path,
         reward_funcs=reward,
         args=config_cls(**cpu_args(output_dir=str(tmp_path / "b"), async_rollouts=False)),
         train_dataset=tr_prompts(),
     )
-    assert off.behaviour is None
+    assert off.async_rollouts is None
     off.train()
     assert logged_metric(off, "async/staleness") == []
 
@@ -361,7 +361,7 @@ def test_lora_snapshots_only_the_adapters(tiny_model_path, tmp_path):
         peft_config=lora_config(),
     )
     trainer.train()
-    snapshot = trainer.behaviour.state_dict()["snapshots"][0]
+    snapshot = trainer.async_rollouts.behaviour.state_dict()["snapshots"][0]
     assert snapshot and all("lora" in name for name in snapshot)
     assert logged_metric(trainer, "async/staleness") == [0, 1, 2]
 
@@ -463,7 +463,7 @@ def _generator_run(generator, settings, tiny_model_path, tmp_path):
     calls = _sampled_batches(trainer)
     trainer.train()
     if generator == "process":
-        assert trainer.pipeline._generator is None, "the worker outlived train()"
+        assert trainer.async_rollouts.pipeline._generator is None, "the worker outlived train()"
     return calls, logged_metric(trainer, "loss"), dict(trainer.model.named_parameters())
 
 
@@ -495,14 +495,14 @@ def test_the_generator_process_ships_only_the_adapters_of_a_lora_run(tiny_model_
         peft_config=lora_config(),
     )
     submitted = []
-    submit = trainer.pipeline.submit
+    submit = trainer.async_rollouts.pipeline.submit
 
     def recorded(step, prompts):
-        if step not in trainer.pipeline._jobs:
-            submitted.append(sorted(trainer.behaviour.weights_for(step)))
+        if step not in trainer.async_rollouts.pipeline._jobs:
+            submitted.append(sorted(trainer.async_rollouts.behaviour.weights_for(step)))
         submit(step, prompts)
 
-    trainer.pipeline.submit = recorded
+    trainer.async_rollouts.pipeline.submit = recorded
     trainer.train()
     assert submitted and all(names and all("lora" in n for n in names) for names in submitted)
     assert logged_metric(trainer, "async/staleness") == [0, 1, 1]
@@ -534,7 +534,7 @@ def _stop_worker_at(trainer, step: int, how: str) -> list:
     class Stop(StopAt):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == self.step:
-                process = trainer.pipeline.generator._process
+                process = trainer.async_rollouts.pipeline.generator._process
                 os.kill(process.pid, {"kill": 9, "stop": 19}[how])  # SIGKILL, SIGSTOP
                 signalled.extend([process, time.monotonic()])
 
@@ -561,7 +561,7 @@ def test_a_worker_that_dies_or_hangs_is_a_clear_error(how, tiny_model_path, tmp_
         assert time.monotonic() - signalled_at < 10, "the worker was waited for (train() closes it before raising)"
         assert not process.is_alive(), "the stopped worker was left behind"
     finally:
-        trainer.pipeline.close()
+        trainer.async_rollouts.pipeline.close()
 
 
 def test_the_generator_process_refuses_what_it_cannot_sample(tiny_model_path, tmp_path):
@@ -637,7 +637,7 @@ def test_evaluation_during_training_samples_with_the_current_weights(tiny_model_
     trainer._generate = recorded
     trainer.train()
     assert evaluated, "no evaluation ran"
-    assert trainer.behaviour.generation_steps == 4
+    assert trainer.async_rollouts.behaviour.generation_steps == 4
     assert logged_metric(trainer, "async/staleness") == [0, 1, 2, 2]
     assert [e for e in trainer.state.log_history if "eval_reward" in e], "evaluation logged nothing"
 
@@ -661,7 +661,7 @@ def test_a_train_that_raised_leaves_no_generator_and_the_next_one_resumes_as_the
     trainer.add_callback(Interrupt())
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
-    assert trainer.pipeline._generator is None, "the worker outlived the train() that raised"
+    assert trainer.async_rollouts.pipeline._generator is None, "the worker outlived the train() that raised"
     trainer.pop_callback(Interrupt)
     calls = _sampled_batches(trainer)
     trainer.train(resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-3"))
@@ -673,14 +673,14 @@ def test_the_first_batch_is_sent_before_the_batches_read_ahead(tiny_model_path, 
     """The generator works first-in first-out: the step being trained goes first, then the next ``k``."""
     trainer = _trainer(tiny_model_path, tmp_path, max_staleness=2, max_steps=3, async_generator="process")
     order = []
-    submit = trainer.pipeline.submit
+    submit = trainer.async_rollouts.pipeline.submit
 
     def recorded(step, prompts):
-        if step not in trainer.pipeline._jobs:
+        if step not in trainer.async_rollouts.pipeline._jobs:
             order.append(step)
         submit(step, prompts)
 
-    trainer.pipeline.submit = recorded
+    trainer.async_rollouts.pipeline.submit = recorded
     trainer.train()
     assert order == [0, 1, 2]
 
@@ -721,7 +721,7 @@ def test_a_second_train_is_a_fresh_run_of_the_same_trainer(settings, tiny_model_
         warnings.simplefilter("error", UserWarning)
         trainer.train()
     assert first == logged_metric(trainer, "async/staleness") == [0, 1, 2, 2]
-    assert trainer.behaviour.generation_steps == 4
+    assert trainer.async_rollouts.behaviour.generation_steps == 4
     losses = logged_metric(trainer, "loss")
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
 

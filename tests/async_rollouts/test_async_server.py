@@ -145,16 +145,16 @@ class Timeline(TrainerCallback):
         self.trainer = trainer
         self.weights: list[float] = []
         self.sent_at_step_end: list[set[int]] = []
-        record = trainer.behaviour.record
+        record = trainer.async_rollouts.behaviour.record
 
         def recorded(params):
             self.weights.append(round(sum(float(p.detach().double().sum()) for p in params.values()), 9))
             return record(params)
 
-        trainer.behaviour.record = recorded
+        trainer.async_rollouts.behaviour.record = recorded
 
     def on_step_end(self, args, state, control, **kwargs):
-        pipeline = self.trainer.pipeline
+        pipeline = self.trainer.async_rollouts.pipeline
         self.sent_at_step_end.append(set(pipeline._jobs) if pipeline._generator is not None else set())
 
 
@@ -228,7 +228,7 @@ def test_each_batch_is_sampled_ahead_by_the_weights_of_k_steps_earlier(
         assert not logged_metric(trainer, "sampling/importance_sampling_ratio/mean"), "a second correction ran"
     else:
         assert logged_metric(trainer, "sampling/importance_sampling_ratio/mean"), "TRL's IS correction did not run"
-    assert trainer.pipeline._generator is None, "the request thread outlived train()"
+    assert trainer.async_rollouts.pipeline._generator is None, "the request thread outlived train()"
     if trainer.reference_reset is not None:  # ProRL: the trainer scores its own reference, reset at steps 2, 4, 6
         assert logged_metric(trainer, "reference/resets") == [0.0, 1.0, 1.0, 2.0, 2.0, 3.0]
         kl = logged_metric(trainer, "kl")
@@ -260,7 +260,11 @@ def test_evaluation_and_extra_rounds_use_the_servers_right_weights(server_standi
     def recorded(*args, **kwargs):
         output = generate(*args, **kwargs)
         calls.append(
-            (trainer.behaviour.generation_steps - 1, trainer.model.training, trainer.vllm_generation.synchronous[-1])
+            (
+                trainer.async_rollouts.behaviour.generation_steps - 1,
+                trainer.model.training,
+                trainer.vllm_generation.synchronous[-1],
+            )
         )
         return output
 
@@ -336,7 +340,7 @@ def test_a_push_that_waits_for_a_server_that_never_answers_is_an_error_in_bounde
     from trl_reasoning.async_rollouts.protocols import GenerationJob, VersionedWeights
 
     trainer = _trainer(tiny_model_path, tmp_path, async_timeout=2.0, max_staleness=1, max_steps=4)
-    generator = trainer.pipeline.generator
+    generator = trainer.async_rollouts.pipeline.generator
     prompt_ids = trainer.tokenize_prompts([make_prompts(1)[0]["prompt"]] * trainer.num_generations)
     params = trainable_parameters(trainer.model)
     snapshot = VersionedWeights(0, {name: p.detach().clone() for name, p in params.items()})
@@ -349,7 +353,7 @@ def test_a_push_that_waits_for_a_server_that_never_answers_is_an_error_in_bounde
     with pytest.raises(GeneratorError, match=r"did not answer the requests of generation steps \[1\] within 2 s"):
         generator.submit(GenerationJob(2, prompt_ids, newer, seed=0))  # a push: waits for step 1 first
     assert time.monotonic() - started < 20
-    trainer.pipeline.close()
+    trainer.async_rollouts.pipeline.close()
 
 
 def test_a_queue_of_slow_healthy_requests_trains(server_standin, tiny_model_path, tmp_path):
@@ -434,7 +438,7 @@ def test_an_interpreter_that_ends_with_a_request_on_the_server_waits_for_it_and_
         "prompt_ids = trainer.tokenize_prompts([make_prompts(1)[0]['prompt']] * trainer.num_generations)\n"
         "params = trainable_parameters(trainer.model)\n"
         "weights = VersionedWeights(0, {name: p.detach().clone() for name, p in params.items()})\n"
-        "trainer.pipeline.generator.submit(GenerationJob(0, prompt_ids, weights, seed=0))\n"
+        "trainer.async_rollouts.pipeline.generator.submit(GenerationJob(0, prompt_ids, weights, seed=0))\n"
         "import time\n"
         "while not server.in_flight:  # on the server, sampling\n"
         "    time.sleep(0.01)\n"
@@ -464,7 +468,7 @@ def test_weights_are_pushed_once_per_version_whatever_object_carries_them(server
         load(model)
 
     server.load = counted
-    generator = trainer.pipeline.generator
+    generator = trainer.async_rollouts.pipeline.generator
     assert isinstance(generator, Generator)
     prompt_ids = trainer.tokenize_prompts([make_prompts(1)[0]["prompt"]] * trainer.num_generations)
     weights = {name: p.detach().clone() for name, p in trainable_parameters(trainer.model).items()}
@@ -482,7 +486,7 @@ def test_weights_are_pushed_once_per_version_whatever_object_carries_them(server
     generator.result(4)
     assert len(pushes) == 3 and pushes[2] == pushes[1]
     assert server.pushes_during_requests == 0
-    trainer.pipeline.close()
+    trainer.async_rollouts.pipeline.close()
 
 
 def test_a_run_pushes_each_behaviour_version_once(server_standin, tiny_model_path, tmp_path):

@@ -252,4 +252,4 @@ def test_async_rollouts_on_a_vlm_sampled_by_generate_are_refused_or_synchronous(
         tr.DAPOTrainer(args=tr.DAPOConfig(**cpu_args(output_dir=str(tmp_path / "a"), async_rollouts=True)), **build)
     with pytest.warns(UserWarning, match="trains synchronously"):
         trainer = tr.ScaleRLTrainer(args=tr.ScaleRLConfig(**cpu_args(output_dir=str(tmp_path / "b"))), **build)
-    assert trainer.behaviour is None
+    assert trainer.async_rollouts is None

@@ -238,8 +238,6 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
             self, AsyncRolloutHost, *backend, *((EnvironmentHost,) if self.environment_factories else ())
         )
         self.async_rollouts = async_rollouts_for(self, self._sampler_settings_problem())
-        self.behaviour = self.async_rollouts and self.async_rollouts.behaviour
-        self.pipeline = self.async_rollouts and self.async_rollouts.pipeline
         # The vLLM / asynchronous importance-sampling correction (trainer/correction.py): the ratio anchor, who builds
         # its weight, and its metrics of the generation batch being trained on (accumulated over the micro-batches when
         # the loss builds it); built once the asynchronous rollouts are, reading this trainer through its protocol.
@@ -289,7 +287,7 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """The Trainer's; with a generator that samples ahead, the next ``max_staleness`` steps' batches are read
         ahead (``AsyncRollouts.batch_samples``)."""
-        if self.pipeline is not None:
+        if self.async_rollouts is not None and self.async_rollouts.pipeline is not None:
             batches = self.async_rollouts.batch_samples(epoch_iterator, num_batches)
             epoch_iterator, num_batches = iter(batches), len(batches)
         return super().get_batch_samples(epoch_iterator, num_batches, device)
@@ -620,13 +618,14 @@ class ReasoningTrainer(ReasoningModelCardMixin, GRPOTrainer):
                 f"Cannot resume from {resume_from_checkpoint}: {damaged[0]} is damaged ({damaged[1]}). Resume from "
                 "an earlier checkpoint, or with resume_from_checkpoint=True, which passes over damaged ones."
             )
-        if getattr(self, "async_rollouts", None) is not None:
-            self.async_rollouts.start_fresh()  # a resumed run then restores the checkpoint's pipeline over it
+        rollouts = getattr(self, "async_rollouts", None)
+        if rollouts is not None:
+            rollouts.start_fresh()  # a resumed run then restores the checkpoint's pipeline over it
         try:
             return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
-            if self.pipeline is not None:  # also when train() raised: its generator would sample on for nothing
-                self.pipeline.close()
+            if rollouts is not None and rollouts.pipeline is not None:
+                rollouts.pipeline.close()  # also when train() raised: its generator would sample on for nothing
 
     def sampling_state_dict(self) -> dict[str, Any]:
         """The sampling state a checkpoint keeps: retired prompts, the dynamic-sampling prompt stream and the epoch the
