@@ -52,7 +52,7 @@ def async_state(trainer) -> list:
     """What the asynchronous state holds, in the code being measured: the behaviour weights' snapshots and, where
     the pipeline keeps them, the sampled batches (submitted, sampled, restored)."""
     held: list = [trainer.async_rollouts.behaviour._snapshots]
-    pipeline = getattr(trainer, "pipeline", None)
+    pipeline = getattr(trainer.async_rollouts, "pipeline", None)
     if pipeline is not None:
         held += [getattr(pipeline, name, None) for name in ("_jobs", "_ready", "_restored")]
         generator = getattr(pipeline, "_generator", None)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import cpu_args
 from datasets import Dataset
 
 from trl_reasoning import DAPOConfig, DAPOTrainer, GSPOConfig, MaxRLConfig
@@ -113,6 +114,22 @@ def test_card_section_without_paper_or_changes(tmp_path):
     assert "Trained with **custom**" in section and "arxiv" not in section
     # only the CPU settings differ from the defaults
     assert "| `use_cpu` | `True` |" in section
+
+
+def test_card_section_says_how_the_rollouts_were_sampled(tiny_model_path, tmp_path):
+    """Read from a real trainer: the asynchronous run names its bound; a synchronous one says nothing of it."""
+    prompts = Dataset.from_dict({"prompt": ["12", "345"] * 4})
+    for async_rollouts, expected in ((True, "deterministic staleness bound of k = 3 generation steps"), (False, None)):
+        output_dir = str(tmp_path / str(async_rollouts))
+        args = DAPOConfig(
+            **cpu_args(output_dir=output_dir, async_rollouts=async_rollouts, max_staleness=3, max_completion_length=8)
+        )
+        trainer = DAPOTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=args, train_dataset=prompts)
+        section = reasoning_card_section(trainer)
+        if expected is None:
+            assert "Rollouts:" not in section
+        else:
+            assert f"Rollouts: asynchronous, with a {expected}" in section
 
 
 def test_push_to_hub_uploads_the_reasoning_card(tiny_model_path, tmp_path, monkeypatch):

@@ -146,11 +146,12 @@ def reasoning_card_section(trainer: Any) -> str:
     pieces = [f"{key} `{getattr(args, key)}`" for key in ALGORITHM_FIELDS if getattr(args, key, None) is not None]
     if pieces:
         lines += ["Algorithm: " + " · ".join(pieces) + ".", ""]
-    behaviour = getattr(trainer, "behaviour", None)
-    if behaviour is not None:
+    rollouts = getattr(trainer, "async_rollouts", None)
+    if rollouts is not None:
         lines += [
-            f"Rollouts: asynchronous, with a deterministic staleness bound of k = {behaviour.max_staleness} generation "
-            "steps (each batch sampled by the policy of k steps earlier, with TRL's importance-sampling correction).",
+            f"Rollouts: asynchronous, with a deterministic staleness bound of k = {rollouts.behaviour.max_staleness} "
+            "generation steps (each batch sampled by the policy of k steps earlier, with TRL's importance-sampling "
+            "correction).",
             "",
         ]
     elif getattr(args, "async_rollouts", False) is None:
