@@ -127,8 +127,8 @@ def test_tests_mirror_the_package():
 #: The package's modules allowed past ~600 lines, each with its reason in docs/architecture.md ("Files over 600 lines,
 #: and why"), and the bound it may not pass: a module that grows past it is cut along a seam or its bound argued there.
 LONG_MODULES = {
-    "config.py": 1070,
-    "trainer/base.py": 910,
+    "config.py": 1055,
+    "trainer/base.py": 895,
     "algorithms/losses.py": 720,
     "trainer/rollout.py": 650,
 }
