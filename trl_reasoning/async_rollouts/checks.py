@@ -6,6 +6,7 @@ declarations' (``trl_reasoning.async_generators``), read on the run as :func:`ah
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 from ..async_generators import GENERATORS, AheadRun
@@ -71,17 +72,12 @@ def snapshots_needed_by(host: AsyncRolloutHost) -> str | None:
 
 
 def ahead_run(host: AsyncRolloutHost) -> AheadRun:
-    """``host``'s run as the generators' rules read it."""
-    args = host.args
-    return AheadRun(
-        config_name=type(args).__name__,
-        max_staleness=args.max_staleness,
-        steps_per_generation=args.steps_per_generation,
+    """``host``'s run as the generators' rules read it: what its config says, and what only the trainer knows."""
+    return dataclasses.replace(
+        AheadRun.of_config(host.args),
         num_iterations=host.num_iterations,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
         uses_vllm=host.use_vllm,
         vllm_mode=getattr(host, "vllm_mode", None) if host.use_vllm else None,
-        continuous_batching=bool(getattr(args, "use_transformers_continuous_batching", False)),
         tools=bool(host.tools) or host.environment_factories is not None,
         environments=host.environment_factories is not None,
         vision_language=host._is_vlm,
