@@ -580,11 +580,14 @@ def test_with_async_rollouts_none_a_run_the_generator_refuses_trains_synchronous
 ):
     """``None`` is "on where the run supports it": what the chosen generator refuses is a reason like any other."""
     with pytest.warns(UserWarning, match=r"trains synchronously, because async_generator='process' does not support "
-                      r"more or less than one generation"):  # fmt: skip
+                      r"more or less than one generation") as warned:  # fmt: skip
         trainer = _trainer(
             tiny_model_path, tmp_path, async_rollouts=None, async_generator="process", steps_per_generation=2
         )
     assert trainer.async_rollouts is None
+    (message,) = [str(w.message) for w in warned if "trains synchronously" in str(w.message)]
+    # the user passed None: ReasoningConfig's own default is False, and the sentences end once
+    assert message.startswith("async_rollouts=None: ") and ".." not in message
 
 
 def test_a_script_without_a_main_guard_trains_once(tiny_model_path, tmp_path):

@@ -29,17 +29,21 @@ def async_rollouts_problem(*, sharded: bool, vision_language: bool, uses_vllm: b
     return None
 
 
-def resolve_async_rollouts(requested: bool | None, problem: str | None, config_name: str) -> bool:
+def resolve_async_rollouts(requested: bool | None, problem: str | None, config_class: type) -> bool:
     """Whether a run samples asynchronously: ``async_rollouts=True`` where it cannot is an error; ``None`` (a preset's
-    "where the run supports it") falls back to synchronous with a warning that says why."""
+    "where the run supports it") falls back to synchronous with a warning that says why (and whose default it was,
+    where ``config_class`` declares ``None`` as its default)."""
     if requested is False:
         return False
     if problem is None:
         return True
+    problem = problem.rstrip(".")
     if requested is True:
         raise ValueError(f"async_rollouts=True: {problem}. Set async_rollouts=False to train synchronously.")
+    declared = getattr(config_class, "__dataclass_fields__", {}).get("async_rollouts")
+    whose = f" ({config_class.__name__}'s default)" if declared is not None and declared.default is None else ""
     warnings.warn(
-        f"async_rollouts=None ({config_name}'s default): this run trains synchronously, because {problem}. Set "
+        f"async_rollouts=None{whose}: this run trains synchronously, because {problem}. Set "
         "async_rollouts=False to silence this warning.",
         UserWarning,
         stacklevel=user_stacklevel(),

@@ -90,7 +90,7 @@ def async_rollouts_for(host: AsyncRolloutHost, sampler_problem: str | None = Non
     refusal = generator_refusal(host) if host.args.async_rollouts is not False else None
     if problem is None and refusal is not None and host.args.async_rollouts is True:
         raise ValueError(refusal)  # the generator's own words, as the config says them at construction
-    on = resolve_async_rollouts(host.args.async_rollouts, problem or refusal, type(host.args).__name__)
+    on = resolve_async_rollouts(host.args.async_rollouts, problem or refusal, type(host.args))
     return AsyncRollouts(host) if on else None
 
 
