@@ -1,8 +1,11 @@
-"""Shared by the bench scripts: write a result table into bench/RESULTS.md with its command, date and machine."""
+"""Shared by the bench scripts: write a result table into bench/RESULTS.md with its command, date and machine; keep a
+script's recorded runs in its JSON file (:func:`read_runs`, :func:`save_run`); say how busy the machine is
+(:func:`load_average`)."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import re
@@ -15,6 +18,25 @@ RESULTS = Path(__file__).with_name("RESULTS.md")
 ROOT = Path(__file__).resolve().parents[1]
 #: In a section, what follows this line was written by hand (a reading of the table) and survives a rewrite.
 NOTES_MARKER = "<!-- notes: written by hand, kept when the script rewrites the table above -->"
+
+
+def read_runs(path: Path) -> dict:
+    """The runs recorded in ``path`` by key (none yet: ``{}``). Read anew at each call: another invocation of the
+    script may have recorded one meanwhile."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save_run(path: Path, key: str, value: dict) -> None:
+    """Record ``value`` as the run ``key`` of ``path``, keeping every other run recorded there."""
+    runs = read_runs(path)
+    runs[key] = value
+    path.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+
+
+def load_average() -> str:
+    """How busy the machine is, for a table's caption (timed runs want a quiet one)."""
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (5 min {five:.1f}) on {os.cpu_count()} CPU threads"
 
 
 def machine() -> str:

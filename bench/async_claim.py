@@ -18,7 +18,6 @@ Each difference to ``clip`` is paired by seed with a 95% Student-t interval. Run
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import testbed  # noqa: E402
 from _common import t_interval  # noqa: E402
-from _results import record  # noqa: E402
+from _results import read_runs, record, save_run  # noqa: E402
 
 RUNS = Path(__file__).with_name("async_claim_runs.json")
 _BASE = {"advantage_estimator": "grpo", "loss_aggregation": "token_mean", "dynamic_sampling": False}
@@ -36,10 +35,6 @@ ARMS = {
     "cispo": {**_BASE, "policy_loss": "cispo", "epsilon_high": 5.0},
     "dppo": {**_BASE, "policy_loss": "dppo", "dppo_divergence": "binary_tv"},
 }
-
-
-def _runs() -> dict:
-    return json.loads(RUNS.read_text()) if RUNS.exists() else {}
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -68,7 +63,7 @@ def main(argv: list[str] | None = None) -> str:
         for seed in options.seeds:
             for arm in ARMS:
                 key = f"{regime}/{arm}/{seed}/{options.budget}"
-                if key in _runs():
+                if key in read_runs(RUNS):
                     continue
                 job = {
                     "method": arm,
@@ -86,15 +81,13 @@ def main(argv: list[str] | None = None) -> str:
                     "output_dir": "outputs/async-claim",
                 }
                 result = testbed.run_one(job)
-                runs = _runs()
-                runs[key] = result
-                RUNS.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+                save_run(RUNS, key, result)
                 print(f"{key}: pass@1 {result['pass_at_k'][0]:.3f} ({result['steps']} steps)", flush=True)
     return summarize(regime, options)
 
 
 def summarize(regime: str, options) -> str:
-    runs = _runs()
+    runs = read_runs(RUNS)
     by_arm = {
         arm: {
             r["seed"]: r

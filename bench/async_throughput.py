@@ -37,7 +37,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import geometric_t_interval, require_recorded_runs, trainer_classes  # noqa: E402
-from _results import record  # noqa: E402
+from _results import read_runs, record, save_run  # noqa: E402
 
 RUNS = Path(__file__).with_name("async_runs.json")
 
@@ -181,10 +181,6 @@ def worker(model: str, arm: str, seed: int, steps: int, warmup: int, preset: str
     }
 
 
-def _runs() -> dict:
-    return json.loads(RUNS.read_text()) if RUNS.exists() else {}
-
-
 def _key(options, arm: str, seed: int) -> str:
     preset = "" if options.preset == "DAPO" else f"{options.preset}/"  # DAPO's keys predate --preset
     return f"{options.model}/{preset}{arm}/{seed}/{options.steps}"
@@ -195,7 +191,7 @@ def collect(options) -> None:
     for seed in options.seeds:
         for arm in options.arms:
             key = _key(options, arm, seed)
-            if key in _runs():
+            if key in read_runs(RUNS):
                 continue
             with tempfile.TemporaryDirectory() as tmp:
                 out = os.path.join(tmp, "result.json")
@@ -206,9 +202,7 @@ def collect(options) -> None:
                 if result.returncode != 0:
                     raise RuntimeError(f"{key} failed:\n{result.stderr[-4000:]}")
                 run = json.loads(Path(out).read_text())
-            runs = _runs()
-            runs[key] = run
-            RUNS.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+            save_run(RUNS, key, run)
             print(f"{key}: {run['seconds_per_step']:.2f} s/step, {run['tokens_per_second']:.1f} tokens/s", flush=True)
 
 
@@ -229,7 +223,7 @@ def _mean(seeds: dict, field: str) -> str:
 def summarize(options) -> str:
     runs = {_key(options, arm, seed): arm for arm in options.arms for seed in range(100)}
     by_arm: dict[str, dict] = {arm: {} for arm in options.arms}
-    recorded = _runs()
+    recorded = read_runs(RUNS)
     for key, run in recorded.items():
         if key in runs:
             by_arm[runs[key]][run["seed"]] = run

@@ -71,7 +71,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import geometric_t_interval, t_interval  # noqa: E402
-from _results import record  # noqa: E402
+from _results import read_runs, record, save_run  # noqa: E402
 
 RUNS = Path(__file__).with_name("evidence_real_runs.json")
 ROOT = Path(__file__).resolve().parents[1]
@@ -339,10 +339,6 @@ CLAIMS: dict[str, dict] = {
 }
 
 
-def _runs() -> dict:
-    return json.loads(RUNS.read_text()) if RUNS.exists() else {}
-
-
 def _key(claim: str, arm: str, seed: int, budget: int) -> str:
     return f"{claim}/{arm}/{seed}/{budget}"
 
@@ -585,7 +581,7 @@ def _launch(job: dict) -> dict:
 
 def collect(options) -> None:
     jobs = []
-    recorded = _runs()
+    recorded = read_runs(RUNS)
     for seed in options.seeds:
         for claim in options.claims:
             unit, budget = claim_budget(claim, options.budget)
@@ -597,14 +593,12 @@ def collect(options) -> None:
     print(f"{len(jobs)} runs to do ({len(recorded)} recorded)", flush=True)
 
     def go(job: dict) -> None:
-        if job["key"] in _runs():  # another invocation recorded it meanwhile
+        if job["key"] in read_runs(RUNS):  # another invocation recorded it meanwhile
             return
         started = time.time()
         result = _launch(job)
         result["wall_s"] = time.time() - started
-        runs = _runs()  # re-read: another worker may have written meanwhile
-        runs[job["key"]] = result
-        RUNS.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+        save_run(RUNS, job["key"], result)  # re-reads the file: another worker may have written meanwhile
         measures = sorted({pair["measure"] for pair in CLAIMS[job["claim"]]["compare"]})
         shown = ", ".join(f"{measure} {result[measure]:.3f}" for measure in measures)
         print(f"{job['key']}: {shown} ({result['steps']} steps, {result['wall_s']:.0f} s)", flush=True)
@@ -860,7 +854,7 @@ def _write_docs_table(table: str) -> None:
 
 
 def summarize(options) -> str:
-    runs = _runs()
+    runs = read_runs(RUNS)
     narrow, effects = comparison_table(runs, options.budget)
     wide = wide_comparison_table(runs, options.budget)
     fits = curve_fits(runs, options.budget)

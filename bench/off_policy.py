@@ -39,7 +39,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import geometric_t_interval, require_recorded_runs, use_free_cores  # noqa: E402
-from _results import record  # noqa: E402
+from _results import read_runs, record, save_run  # noqa: E402
 
 RUNS = Path(__file__).with_name("off_policy_runs.json")
 ARMS = ("trl", "ours", "ours-trl-forward")
@@ -169,10 +169,6 @@ def worker(arm: str, seed: int, steps: int, warmup: int, length: int, num_thread
     }
 
 
-def _runs() -> dict:
-    return json.loads(RUNS.read_text()) if RUNS.exists() else {}
-
-
 def _key(arm: str, seed: int, options) -> str:
     return f"{arm}/{seed}/{options.steps}/{options.length}"
 
@@ -181,7 +177,7 @@ def collect(options) -> None:
     for seed in options.seeds:
         for arm in options.arms:
             key = _key(arm, seed, options)
-            if key in _runs() and not options.rerun:
+            if key in read_runs(RUNS) and not options.rerun:
                 continue
             with tempfile.TemporaryDirectory() as tmp:
                 out = os.path.join(tmp, "result.json")
@@ -194,14 +190,12 @@ def collect(options) -> None:
                 if result.returncode != 0:
                     raise RuntimeError(f"{key} failed:\n{result.stderr[-4000:]}")
                 run = json.loads(Path(out).read_text())
-            runs = _runs()
-            runs[key] = run
-            RUNS.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+            save_run(RUNS, key, run)
             print(f"{key}: {statistics.median(run['step_seconds']):.2f} s/step, {run['threads']} threads", flush=True)
 
 
 def summarize(options) -> str:
-    recorded = _runs()
+    recorded = read_runs(RUNS)
     by_arm: dict[str, dict[int, dict]] = {arm: {} for arm in options.arms}
     for arm in options.arms:
         for seed in options.seeds:

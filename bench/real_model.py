@@ -32,24 +32,9 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import t_interval, use_free_cores  # noqa: E402
-from _results import record  # noqa: E402
+from _results import load_average, read_runs, record, save_run  # noqa: E402
 
 RUNS = Path(__file__).with_name("real_model_runs.json")
-
-
-def load_average() -> str:
-    one, five, _ = os.getloadavg()
-    return f"load average {one:.1f} (5 min {five:.1f}) on {os.cpu_count()} CPU threads"
-
-
-def _runs() -> dict:
-    return json.loads(RUNS.read_text()) if RUNS.exists() else {}
-
-
-def _save_run(key: str, value: dict) -> None:
-    runs = _runs()
-    runs[key] = value
-    RUNS.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
 
 
 # ------------------------------------------------------------------------------------------------------------- gain
@@ -58,7 +43,7 @@ def _save_run(key: str, value: dict) -> None:
 def _gain_run(options, seed: int) -> None:
     """The main job with ``seed`` in a fresh process, recorded in the runs file (skipped when recorded already)."""
     key = f"gain/{options.algorithm}/{seed}"
-    if key in _runs() and not options.rerun:
+    if key in read_runs(RUNS) and not options.rerun:
         print(f"{key}: recorded, skipped", flush=True)
         return
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,7 +68,7 @@ def _gain_run(options, seed: int) -> None:
     outcome["wall_s"] = time.time() - started
     outcome["load"] = load_average()
     outcome.pop("evaluations", None)
-    _save_run(key, outcome)
+    save_run(RUNS, key, outcome)
     print(
         f"{key}: accuracy {outcome['before']['accuracy']:.3f} -> {outcome['after']['accuracy']:.3f}, pass@1 "
         f"{outcome['before']['pass@1']:.3f} -> {outcome['after']['pass@1']:.3f}, {outcome['wall_s']:.0f} s",
@@ -95,7 +80,7 @@ def gain(options) -> str:
     """The main job, once per seed, each in a fresh process; finished seeds are kept and skipped."""
     for seed in options.seeds:
         _gain_run(options, seed)
-    runs = [value for key, value in _runs().items() if key.startswith(f"gain/{options.algorithm}/")]
+    runs = [value for key, value in read_runs(RUNS).items() if key.startswith(f"gain/{options.algorithm}/")]
     rows = [
         "| metric | before (mean) | after (mean) | gain, mean [95% t interval] | seeds |",
         "|---|---:|---:|---|---:|",

@@ -39,7 +39,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import t_interval, use_free_cores  # noqa: E402
-from _results import record  # noqa: E402
+from _results import load_average, read_runs, record, save_run  # noqa: E402
 
 from trl_reasoning.tasks.tool_use import ToolUseTask, ToolWarmStart  # noqa: E402  (no torch or TRL import)
 
@@ -57,21 +57,6 @@ METRICS = {
     "pass@4": "pass@4",
     "pass@8": "pass@8",
 }
-
-
-def load_average() -> str:
-    one, five, _ = os.getloadavg()
-    return f"load average {one:.1f} (5 min {five:.1f}) on {os.cpu_count()} CPU threads"
-
-
-def _runs() -> dict:
-    return json.loads(RUNS.read_text()) if RUNS.exists() else {}
-
-
-def _save(key: str, value: dict) -> None:
-    runs = _runs()
-    runs[key] = value
-    RUNS.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
 
 
 def settings(options) -> dict:
@@ -107,11 +92,11 @@ def settings(options) -> dict:
 def _check_settings(options) -> None:
     wanted = settings(options)
     digest = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:12]
-    recorded = _runs().get("settings")
+    recorded = read_runs(RUNS).get("settings")
     if options.rerun or recorded is None:
         if options.rerun and RUNS.exists():
             RUNS.unlink()
-        _save("settings", {**wanted, "hash": digest})
+        save_run(RUNS, "settings", {**wanted, "hash": digest})
         return
     if recorded.get("hash") != digest:
         raise SystemExit(
@@ -168,7 +153,7 @@ def base_stage(options) -> None:
     tokenizer = tool_tokenizer(AutoTokenizer.from_pretrained(path))
     result = _measure(model, tokenizer, options, options.base_samples, options.base_prompts)
     result.update(wall_s=time.time() - started, load=load_average())
-    _save("base", result)
+    save_run(RUNS, "base", result)
     _print_stage("base", result)
 
 
@@ -199,7 +184,7 @@ def warm_stage(options) -> None:
         warm_start_losses=record["losses"],
         load=load_average(),
     )
-    _save("warm_start", result)
+    save_run(RUNS, "warm_start", result)
     _print_stage("warm_start", result)
 
 
@@ -252,7 +237,7 @@ def rl_stage(options, seed: int) -> None:
     result.update(wall_s=time.time() - started, rl_s=train_s, measure_s=time.time() - measured_at, load=load_average())
     result.update(_logged(history, call_frequency="tools/call_frequency", failure_frequency="tools/failure_frequency"))
     result.update(_logged(history, reward="reward", step_time="step_time"))
-    _save(f"rl/{seed}", result)
+    save_run(RUNS, f"rl/{seed}", result)
     _print_stage(f"rl/{seed}", result)
     print(
         f"    tools/call_frequency by step {[round(v, 2) for v in result['call_frequency']]}, reward "
@@ -271,7 +256,7 @@ def _fmt(value: float, scale: float = 100.0) -> str:
 
 
 def table(options) -> str:
-    runs = _runs()
+    runs = read_runs(RUNS)
     base, warm = runs.get("base"), runs.get("warm_start")
     seeds = sorted(int(key.split("/")[1]) for key in runs if key.startswith("rl/"))
     rl = [runs[f"rl/{seed}"] for seed in seeds]
@@ -357,7 +342,7 @@ def main(argv: list[str] | None = None) -> str:
     stages += [("warm_start", warm_stage, ())] if "warm" in options.stages else []
     stages += [(f"rl/{seed}", rl_stage, (seed,)) for seed in options.seeds if "rl" in options.stages]
     for key, run, arguments in stages:
-        if key in _runs():
+        if key in read_runs(RUNS):
             print(f"{key}: recorded, skipped", flush=True)
             continue
         threads = use_free_cores(options.num_threads)

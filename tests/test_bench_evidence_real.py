@@ -222,7 +222,7 @@ def test_the_docs_page_holds_the_table_of_the_recorded_runs(evidence):
     ``python bench/evidence_real.py --summarize`` after adding runs)."""
     path, block = evidence.marker_blocks().read_block("evidence")
     assert path.name == "which-preset.md"
-    table, _ = evidence.comparison_table(evidence._runs(), evidence.DEFAULT_BUDGET)
+    table, _ = evidence.comparison_table(evidence.read_runs(evidence.RUNS), evidence.DEFAULT_BUDGET)
     assert block == table
 
 
