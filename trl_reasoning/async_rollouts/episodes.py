@@ -106,6 +106,8 @@ class AheadEpisodes:
         finally:
             if had:
                 host._batch_environments = saved
+            else:  # TRL sets it only when it scores a batch: leave none behind, as before the call
+                del host._batch_environments
 
     def _instance(self, name: Any) -> Any:
         free = self._free.get(name)
@@ -138,13 +140,17 @@ class AheadEpisodes:
             yield
         finally:
             host._environment_pool = saved
-            for name, instance in zip(episodes.names, episodes.instances, strict=True):
+            for instance in episodes.instances:
                 vars(instance).pop("reset", None)
-                self._free.setdefault(name, []).append(instance)
+            self._release(episodes)
 
     def forget(self) -> None:
         """Drop the episodes of batches that will not be scored (the pipeline closed); their instances are free."""
         for episodes in self._by_step.values():
-            for name, instance in zip(episodes.names, episodes.instances, strict=True):
-                self._free.setdefault(name, []).append(instance)
+            self._release(episodes)
         self._by_step.clear()
+
+    def _release(self, episodes: BatchEpisodes) -> None:
+        """Put a batch's instances on the free list, to be reset for a later batch."""
+        for name, instance in zip(episodes.names, episodes.instances, strict=True):
+            self._free.setdefault(name, []).append(instance)
