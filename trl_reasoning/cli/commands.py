@@ -221,7 +221,7 @@ def evaluate(eval_args: EvalArguments) -> dict[str, float]:
     if eval_args.task is not None and TASKS.get(eval_args.task).tools:
         raise ValueError(
             f"trl-reasoning eval samples one turn and runs no tools; --task {eval_args.task} needs them. Measure it "
-            "with rollouts that run them (trl_reasoning.tasks.tool_use.rollouts, as bench/tool_use.py does)."
+            "with rollouts that run them (trl_reasoning.tasks.tool_use_measures.rollouts, as bench/tool_use.py does)."
         )
     accelerator = Accelerator(cpu=eval_args.use_cpu)
     set_seed(eval_args.seed, device_specific=True)
